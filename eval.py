@@ -1,0 +1,31 @@
+"""Evaluate a checkpoint of a training run on a whole split.
+
+  python eval.py --workdir=runs/default [--step=N] [--split=validation|test]
+
+The model is rebuilt from the config saved with the checkpoint; results are printed and
+written to WORKDIR/eval_<split>_<step>.json.
+"""
+
+from absl import app, flags
+
+from sparse_jax.training.evaluate_checkpoint import evaluate_checkpoint
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints/.",
+                               required=True)
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
+_SPLIT = flags.DEFINE_enum("split", "validation", ["validation", "test"], "Split to evaluate.")
+_MAX_BATCHES = flags.DEFINE_integer("max_batches", None,
+                                    "Evaluate only the first N segments (default: all).")
+
+
+def main(argv):
+  del argv
+  results, path = evaluate_checkpoint(_WORKDIR.value, step=_STEP.value, split=_SPLIT.value,
+                                      max_batches=_MAX_BATCHES.value)
+  print(", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
+                  for k, v in results.items()))
+  print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+  app.run(main)

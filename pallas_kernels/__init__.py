@@ -1,0 +1,1 @@
+"""Pallas GPU kernels for sparse_jax."""

@@ -1,0 +1,1 @@
+"""sparse_jax: sparse Transformers in JAX/Flax."""

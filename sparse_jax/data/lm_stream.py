@@ -1,0 +1,53 @@
+"""Transformer-XL batches: `batch_size` contiguous streams read one segment at a time.
+
+A split's tokens are cut into `B` equal contiguous streams (`[B, L]`, the tail that does not
+fill a stream is dropped). Step t reads segment t of every stream, `tokens[:, tS : tS + S + 1]`,
+whose first S columns are the inputs and last S the targets, so the memory carried from step
+t - 1 holds the real preceding text of each stream.
+"""
+
+from typing import Iterator
+
+import grain
+import numpy as np
+
+
+class StreamSegments:
+  """A grain random-access source: element t is segment t of every stream, `[B, S + 1]`."""
+
+  def __init__(self, tokens: np.ndarray, batch_size: int, seq_len: int):
+    stream_len = len(tokens) // batch_size
+    n_segments = (stream_len - 1) // seq_len
+    if n_segments < 1:
+      raise ValueError(
+          f"a split of {len(tokens)} tokens is too short for batch_size={batch_size} streams "
+          f"of at least seq_len + 1 = {seq_len + 1} tokens each.")
+    self._streams_bl = tokens[:batch_size * stream_len].reshape(batch_size, stream_len)
+    self._seq_len = seq_len
+    self._n_segments = n_segments
+
+  def __len__(self) -> int:
+    return self._n_segments
+
+  def __getitem__(self, t: int) -> dict[str, np.ndarray]:
+    start = t * self._seq_len
+    window_bs = self._streams_bl[:, start:start + self._seq_len + 1].astype(np.int32)
+    return {"inputs": window_bs[:, :-1], "targets": window_bs[:, 1:]}
+
+  def __repr__(self) -> str:
+    b, l = self._streams_bl.shape
+    return f"StreamSegments(streams={b}, stream_len={l}, seq_len={self._seq_len})"
+
+
+def train_iterator(tokens: np.ndarray, batch_size: int, seq_len: int) -> grain.DatasetIterator:
+  """Endless epochs over the segments in stream order; `get_state`/`set_state` checkpointable."""
+  source = StreamSegments(tokens, batch_size, seq_len)
+  return iter(grain.MapDataset.source(source).repeat(None).to_iter_dataset())
+
+
+def eval_batches(tokens: np.ndarray, batch_size: int, seq_len: int,
+                 max_batches: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+  """One pass over the segments in order (the first `max_batches` if given)."""
+  source = StreamSegments(tokens, batch_size, seq_len)
+  n = len(source) if max_batches is None else min(len(source), max_batches)
+  return (source[t] for t in range(n))

@@ -1,0 +1,9 @@
+"""Layers of sparse_jax. Feed-forward layers follow the contract `y, aux = layer(x)`."""
+
+from sparse_jax.layers.counting import count_params
+from sparse_jax.layers.dense_ff import DenseFF
+from sparse_jax.layers.registry import build_ff, ff_kinds, register_ff
+from sparse_jax.layers.xl_attention import RelativeMultiHeadAttention
+
+__all__ = ["DenseFF", "RelativeMultiHeadAttention", "build_ff", "count_params", "ff_kinds",
+           "register_ff"]

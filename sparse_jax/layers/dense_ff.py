@@ -1,0 +1,36 @@
+"""The dense two-layer feed-forward block: the baseline every sparse layer approximates."""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from sparse_jax.layers import initializers
+
+
+class DenseFF(nnx.Module):
+  """`y = ReLU(x W1 + b1) W2 + b2` (sigma-MoE paper Eq. 1), FF contract: `y, aux = ff(x)`.
+
+  Weights use the depth-scaled init of the sigma-MoE paper (Sec. 5): std
+  `sqrt(2 / (fan_in * n_layers))`; biases start at zero. Dropout acts on the hidden units.
+  """
+
+  def __init__(self, d_model: int, d_ff: int, *, n_layers: int, dropout: float = 0.0,
+               rngs: nnx.Rngs):
+    self.d_model, self.d_ff = d_model, d_ff
+    std_up = initializers.depth_scaled_std(d_model, n_layers)
+    std_down = initializers.depth_scaled_std(d_ff, n_layers)
+    self.w_up = nnx.Param(initializers.normal(std_up)(rngs.params(), (d_model, d_ff)))
+    self.b_up = nnx.Param(jnp.zeros((d_ff,)))
+    self.w_down = nnx.Param(initializers.normal(std_down)(rngs.params(), (d_ff, d_model)))
+    self.b_down = nnx.Param(jnp.zeros((d_model,)))
+    self.dropout = nnx.Dropout(dropout, rngs=rngs)
+
+  def __call__(self, x_btd: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+    h_btf = jax.nn.relu(x_btd @ self.w_up[...].astype(x_btd.dtype) + self.b_up[...].astype(x_btd.dtype))
+    h_btf = self.dropout(h_btf)
+    y_btd = h_btf @ self.w_down[...].astype(x_btd.dtype) + self.b_down[...].astype(x_btd.dtype)
+    return y_btd, {"reg_loss": jnp.zeros((), jnp.float32)}
+
+  def flops_per_token(self) -> int:
+    """Multiply-adds per token of the two matmuls."""
+    return 2 * self.d_model * self.d_ff

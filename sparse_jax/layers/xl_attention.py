@@ -1,0 +1,100 @@
+"""Transformer-XL relative multi-head attention (Dai et al. 2019, Sec. 3.3).
+
+For a query at position i of the current segment and a key at position j of `[memory; segment]`
+the score is
+
+    (q_i + u) . k_j  +  (q_i + v) . r_{(M + i) - j}
+
+where `r_d = W_r sinusoid(d)` is the projected relative embedding of the distance d, `u` and `v`
+are learned per-head content and position biases, and M is the memory length. The position
+term is computed for all distances at once and aligned with the pad-and-shift trick
+(`rel_shift`). Queries see the whole memory and causally the segment.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from sparse_jax.layers import initializers
+
+
+def sinusoid_embedding(distances_k: jax.Array, dim: int) -> jax.Array:
+  """`[K] -> [K, dim]`: sin/cos of the distances at geometric frequencies (Vaswani et al.)."""
+  inv_freq = 1.0 / (10000.0 ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
+  angles_kf = distances_k.astype(jnp.float32)[:, None] * inv_freq[None, :]
+  return jnp.concatenate([jnp.sin(angles_kf), jnp.cos(angles_kf)], axis=-1)[:, :dim]
+
+
+def rel_shift(x_bhtk: jax.Array) -> jax.Array:
+  """The pad-and-shift trick: `out[..., i, j] = x[..., i, j + T - 1 - i]`.
+
+  `x[..., i, p]` holds the score of query i against distance `K - 1 - p` (distances in
+  descending order); the output holds it against key j, whose distance is `K - T + i - j`.
+  Entries with j past the causal limit `K - T + i` are garbage and must be masked.
+  """
+  b, h, t, k = x_bhtk.shape
+  padded = jnp.pad(x_bhtk, ((0, 0), (0, 0), (0, 0), (1, 0)))
+  return padded.reshape(b, h, k + 1, t)[:, :, 1:, :].reshape(b, h, t, k)
+
+
+def attention_mask(t: int, k: int, mem_valid: jax.Array) -> jax.Array:
+  """`[T, K]` bool: key j is visible to query i if `K - T - mem_valid <= j <= K - T + i`.
+
+  The first `K - T` keys are memory, of which only the last `mem_valid` hold real tokens.
+  """
+  m = k - t
+  i = jnp.arange(t)[:, None]
+  j = jnp.arange(k)[None, :]
+  return (j <= m + i) & (j >= m - mem_valid)
+
+
+class RelativeMultiHeadAttention(nnx.Module):
+  """Multi-head attention with Transformer-XL relative positions over `[memory; segment]`."""
+
+  def __init__(self, d_model: int, n_heads: int, head_dim: int, *, n_layers: int,
+               attn_dropout: float = 0.0, rngs: nnx.Rngs):
+    self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
+    in_init = initializers.normal(initializers.depth_scaled_std(d_model, n_layers))
+    out_init = initializers.normal(initializers.depth_scaled_std(n_heads * head_dim, n_layers))
+    self.w_q = nnx.Param(in_init(rngs.params(), (d_model, n_heads, head_dim)))
+    self.w_k = nnx.Param(in_init(rngs.params(), (d_model, n_heads, head_dim)))
+    self.w_v = nnx.Param(in_init(rngs.params(), (d_model, n_heads, head_dim)))
+    self.w_r = nnx.Param(in_init(rngs.params(), (d_model, n_heads, head_dim)))
+    self.u_bias = nnx.Param(jnp.zeros((n_heads, head_dim)))
+    self.v_bias = nnx.Param(jnp.zeros((n_heads, head_dim)))
+    self.w_o = nnx.Param(out_init(rngs.params(), (n_heads, head_dim, d_model)))
+    self.attn_dropout = nnx.Dropout(attn_dropout, rngs=rngs)
+
+  def __call__(self, ctx_bkd: jax.Array, n_queries: int, mem_valid: jax.Array) -> jax.Array:
+    """Attends from the last `n_queries` rows of the context to the whole context.
+
+    Args:
+      ctx_bkd: `[B, K, d_model]` normalised `[memory; segment]`, K = M + T.
+      n_queries: T, the segment length; the queries are `ctx_bkd[:, -T:]`.
+      mem_valid: int scalar, how many trailing memory rows hold real tokens.
+    Returns:
+      `[B, T, d_model]`.
+    """
+    dtype = ctx_bkd.dtype
+    b, k, _ = ctx_bkd.shape
+    t = n_queries
+    x_btd = ctx_bkd[:, k - t:]
+    q_bthc = jnp.einsum("btd,dhc->bthc", x_btd, self.w_q[...].astype(dtype))
+    k_bkhc = jnp.einsum("bkd,dhc->bkhc", ctx_bkd, self.w_k[...].astype(dtype))
+    v_bkhc = jnp.einsum("bkd,dhc->bkhc", ctx_bkd, self.w_v[...].astype(dtype))
+    distances_k = jnp.arange(k - 1, -1, -1)
+    pos_kd = sinusoid_embedding(distances_k, self.d_model).astype(dtype)
+    r_khc = jnp.einsum("kd,dhc->khc", pos_kd, self.w_r[...].astype(dtype))
+
+    q_u = q_bthc + self.u_bias[...].astype(dtype)
+    q_v = q_bthc + self.v_bias[...].astype(dtype)
+    content_bhtk = jnp.einsum("bthc,bkhc->bhtk", q_u, k_bkhc, preferred_element_type=jnp.float32)
+    position_bhtk = jnp.einsum("bthc,khc->bhtk", q_v, r_khc, preferred_element_type=jnp.float32)
+    scores_bhtk = (content_bhtk + rel_shift(position_bhtk)) / math.sqrt(self.head_dim)
+    mask_tk = attention_mask(t, k, mem_valid)
+    scores_bhtk = jnp.where(mask_tk, scores_bhtk, -1e30)
+    probs_bhtk = self.attn_dropout(jax.nn.softmax(scores_bhtk, axis=-1)).astype(dtype)
+    out_bthc = jnp.einsum("bhtk,bkhc->bthc", probs_bhtk, v_bkhc)
+    return jnp.einsum("bthc,hcd->btd", out_bthc, self.w_o[...].astype(dtype))

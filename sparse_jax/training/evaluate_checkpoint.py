@@ -1,0 +1,43 @@
+"""Evaluation of a saved checkpoint: what `eval.py` runs."""
+
+import json
+import os
+
+from sparse_jax import data
+from sparse_jax.training.checkpointing import Checkpointer, checkpoint_dir
+from sparse_jax.training.trainer import build_model, make_evaluator
+
+
+class NoCheckpointError(FileNotFoundError):
+  """The workdir holds no checkpoint (or not the requested step)."""
+
+
+def evaluate_checkpoint(workdir: str, *, step: int | None = None, split: str = "validation",
+                        max_batches: int | None = None) -> tuple[dict, str]:
+  """Restores `workdir`'s checkpoint `step` (default latest) and evaluates `split`.
+
+  The memory length is the saved config's `eval.mem_len`. Returns the metrics and the path
+  of the JSON file they were written to.
+  """
+  checkpointer = Checkpointer(workdir)
+  try:
+    steps = checkpointer.all_steps()
+    if not steps:
+      raise NoCheckpointError(f"no checkpoint in {checkpoint_dir(workdir)}: train first with "
+                              f"`python train.py --workdir={workdir}`.")
+    step = max(steps) if step is None else step
+    if step not in steps:
+      raise NoCheckpointError(f"no checkpoint of step {step} in {checkpoint_dir(workdir)}; "
+                              f"available steps: {sorted(steps)}.")
+    config = checkpointer.restore_config(step)
+    model = build_model(config)
+    checkpointer.restore_params(step, model)
+  finally:
+    checkpointer.close()
+  tokens = data.load_tokens(config.data, split)
+  metrics = make_evaluator(config, model)(model, tokens, max_batches=max_batches)
+  results = {"step": step, "split": split, "mem_len": config.eval.mem_len, **metrics}
+  path = os.path.join(workdir, f"eval_{split}_{step}.json")
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(results, f, indent=2)
+  return results, path

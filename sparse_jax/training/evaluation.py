@@ -1,0 +1,47 @@
+"""Evaluation of a language model over a whole split, carrying XL memory across segments."""
+
+import math
+
+import jax
+import numpy as np
+from flax import nnx
+from tqdm import tqdm
+
+from sparse_jax.data.lm_stream import StreamSegments
+from sparse_jax.training.steps import make_eval_step
+
+
+def lm_metrics(nll_sum: float, n_tokens: float, unit: str) -> dict[str, float]:
+  """Mean loss in nats plus bits per byte (byte-level data) or perplexity (tokens)."""
+  loss = nll_sum / n_tokens
+  metrics = {"loss": loss, "tokens": int(n_tokens)}
+  if unit == "byte":
+    metrics["bits_per_byte"] = loss / math.log(2.0)
+  else:
+    metrics["perplexity"] = math.exp(loss)
+  return metrics
+
+
+class Evaluator:
+  """Evaluates models of one architecture on token arrays; compiles its step once."""
+
+  def __init__(self, model: nnx.Module, *, batch_size: int, seq_len: int, mem_len: int,
+               unit: str):
+    self._graphdef = nnx.graphdef(model)
+    self._step = make_eval_step(self._graphdef)
+    self._batch_size, self._seq_len, self._mem_len, self._unit = (
+        batch_size, seq_len, mem_len, unit)
+
+  def __call__(self, model: nnx.Module, tokens: np.ndarray, *, max_batches: int | None = None,
+               progress: bool = True) -> dict[str, float]:
+    """Runs the whole split (or its first `max_batches` segments) from an empty memory."""
+    segments = StreamSegments(tokens, self._batch_size, self._seq_len)
+    n = len(segments) if max_batches is None else min(len(segments), max_batches)
+    state = nnx.state(model)
+    memory = model.init_memory(self._batch_size, self._mem_len)
+    nll_sum, n_tokens = 0.0, 0.0
+    for t in tqdm(range(n), desc="eval", disable=not progress, leave=False):
+      memory, batch_nll, batch_tokens = self._step(state, memory, segments[t])
+      nll_sum, n_tokens = nll_sum + batch_nll, n_tokens + batch_tokens
+    nll_sum, n_tokens = jax.device_get((nll_sum, n_tokens))
+    return lm_metrics(float(nll_sum), float(n_tokens), self._unit)
