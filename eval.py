@@ -6,9 +6,11 @@ The model is rebuilt from the config saved with the checkpoint; results are prin
 written to WORKDIR/eval_<split>_<step>.json.
 """
 
+import sys
+
 from absl import app, flags
 
-from sparse_jax.training.evaluate_checkpoint import evaluate_checkpoint
+from sparse_jax.training.evaluate_checkpoint import NoCheckpointError, evaluate_checkpoint
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints/.",
                                required=True)
@@ -20,8 +22,11 @@ _MAX_BATCHES = flags.DEFINE_integer("max_batches", None,
 
 def main(argv):
   del argv
-  results, path = evaluate_checkpoint(_WORKDIR.value, step=_STEP.value, split=_SPLIT.value,
-                                      max_batches=_MAX_BATCHES.value)
+  try:
+    results, path = evaluate_checkpoint(_WORKDIR.value, step=_STEP.value, split=_SPLIT.value,
+                                        max_batches=_MAX_BATCHES.value)
+  except NoCheckpointError as e:
+    sys.exit(f"eval.py: {e}")
   print(", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
                   for k, v in results.items()))
   print(f"wrote {path}")

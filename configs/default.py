@@ -32,17 +32,17 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.ff = ml_collections.ConfigDict({"kind": "dense", "d_ff": 1024, "dropout": 0.0})
 
   config.train = ml_collections.ConfigDict()
-  config.train.steps = 1000
+  config.train.steps = 400
   config.train.lr = 2e-3
-  config.train.warmup_steps = 100
+  config.train.warmup_steps = 40
   config.train.grad_clip = 0.25
-  config.train.log_every = 50
-  config.train.eval_every = 500
-  config.train.ckpt_every = 500
+  config.train.log_every = 20
+  config.train.eval_every = 200
+  config.train.ckpt_every = 200
   config.train.keep_checkpoints = 2
 
   config.eval = ml_collections.ConfigDict()
   config.eval.batch_size = 16
   config.eval.mem_len = 4 * config.data.seq_len  # the paper evaluates with 4x the context.
-  config.eval.max_batches = 100  # None evaluates the whole split.
+  config.eval.max_batches = 50  # None evaluates the whole split.
   return config

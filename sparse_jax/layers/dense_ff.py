@@ -25,10 +25,15 @@ class DenseFF(nnx.Module):
     self.b_down = nnx.Param(jnp.zeros((d_model,)))
     self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
+  def activation(self, pre_btf: jax.Array) -> jax.Array:
+    """The hidden nonlinearity (ReLU); subclasses sparsify it."""
+    return jax.nn.relu(pre_btf)
+
   def __call__(self, x_btd: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
-    h_btf = jax.nn.relu(x_btd @ self.w_up[...].astype(x_btd.dtype) + self.b_up[...].astype(x_btd.dtype))
+    dtype = x_btd.dtype
+    h_btf = self.activation(x_btd @ self.w_up[...].astype(dtype) + self.b_up[...].astype(dtype))
     h_btf = self.dropout(h_btf)
-    y_btd = h_btf @ self.w_down[...].astype(x_btd.dtype) + self.b_down[...].astype(x_btd.dtype)
+    y_btd = h_btf @ self.w_down[...].astype(dtype) + self.b_down[...].astype(dtype)
     return y_btd, {"reg_loss": jnp.zeros((), jnp.float32)}
 
   def flops_per_token(self) -> int:

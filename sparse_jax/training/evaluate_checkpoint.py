@@ -16,8 +16,9 @@ def evaluate_checkpoint(workdir: str, *, step: int | None = None, split: str = "
                         max_batches: int | None = None) -> tuple[dict, str]:
   """Restores `workdir`'s checkpoint `step` (default latest) and evaluates `split`.
 
-  The memory length is the saved config's `eval.mem_len`. Returns the metrics and the path
-  of the JSON file they were written to.
+  The memory length is the saved config's `eval.mem_len`. Token (SentencePiece) datasets
+  report perplexity per token and per word. Returns the metrics and the path of the JSON
+  file they were written to.
   """
   checkpointer = Checkpointer(workdir)
   try:
@@ -34,8 +35,9 @@ def evaluate_checkpoint(workdir: str, *, step: int | None = None, split: str = "
     checkpointer.restore_params(step, model)
   finally:
     checkpointer.close()
-  tokens = data.load_tokens(config.data, split)
-  metrics = make_evaluator(config, model)(model, tokens, max_batches=max_batches)
+  loaded = data.load_split(config.data, split)
+  metrics = make_evaluator(config, model)(model, loaded.tokens, max_batches=max_batches,
+                                          words_per_token=loaded.words_per_token)
   results = {"step": step, "split": split, "mem_len": config.eval.mem_len, **metrics}
   path = os.path.join(workdir, f"eval_{split}_{step}.json")
   with open(path, "w", encoding="utf-8") as f:

@@ -11,14 +11,26 @@ from sparse_jax.data.lm_stream import StreamSegments
 from sparse_jax.training.steps import make_eval_step
 
 
-def lm_metrics(nll_sum: float, n_tokens: float, unit: str) -> dict[str, float]:
-  """Mean loss in nats plus bits per byte (byte-level data) or perplexity (tokens)."""
-  loss = nll_sum / n_tokens
-  metrics = {"loss": loss, "tokens": int(n_tokens)}
+def unit_metric(loss: float, unit: str) -> dict[str, float]:
+  """A mean loss in nats as bits per byte (byte-level data) or perplexity (tokens)."""
   if unit == "byte":
-    metrics["bits_per_byte"] = loss / math.log(2.0)
-  else:
-    metrics["perplexity"] = math.exp(loss)
+    return {"bits_per_byte": loss / math.log(2.0)}
+  return {"perplexity": math.exp(loss)}
+
+
+def lm_metrics(nll_sum: float, n_tokens: float, unit: str,
+               words_per_token: float | None = None) -> dict[str, float]:
+  """Mean loss in nats, the token count and `unit_metric` of the loss.
+
+  With `words_per_token` (a split's whitespace-separated words over its tokens), also the
+  per-word perplexity: the same total log-likelihood divided by the number of words the
+  evaluated tokens hold, `exp(nll_sum / (n_tokens * words_per_token))`. Over a whole split
+  this is the split's log-likelihood over its word count, comparable with word-level results.
+  """
+  loss = nll_sum / n_tokens
+  metrics = {"loss": loss, "tokens": int(n_tokens), **unit_metric(loss, unit)}
+  if words_per_token:
+    metrics["word_perplexity"] = math.exp(nll_sum / (n_tokens * words_per_token))
   return metrics
 
 
@@ -33,8 +45,12 @@ class Evaluator:
         batch_size, seq_len, mem_len, unit)
 
   def __call__(self, model: nnx.Module, tokens: np.ndarray, *, max_batches: int | None = None,
-               progress: bool = True) -> dict[str, float]:
-    """Runs the whole split (or its first `max_batches` segments) from an empty memory."""
+               progress: bool = True, words_per_token: float | None = None
+               ) -> dict[str, float]:
+    """Runs the whole split (or its first `max_batches` segments) from an empty memory.
+
+    `words_per_token` adds the per-word perplexity (see `lm_metrics`).
+    """
     segments = StreamSegments(tokens, self._batch_size, self._seq_len)
     n = len(segments) if max_batches is None else min(len(segments), max_batches)
     state = nnx.state(model)
@@ -44,4 +60,4 @@ class Evaluator:
       memory, batch_nll, batch_tokens = self._step(state, memory, segments[t])
       nll_sum, n_tokens = nll_sum + batch_nll, n_tokens + batch_tokens
     nll_sum, n_tokens = jax.device_get((nll_sum, n_tokens))
-    return lm_metrics(float(nll_sum), float(n_tokens), self._unit)
+    return lm_metrics(float(nll_sum), float(n_tokens), self._unit, words_per_token)

@@ -13,7 +13,7 @@ from sparse_jax import data
 from sparse_jax.models.lm import TransformerLM
 from sparse_jax.training.checkpointing import Checkpointer
 from sparse_jax.training.config_checks import validate_config
-from sparse_jax.training.evaluation import Evaluator
+from sparse_jax.training.evaluation import Evaluator, unit_metric
 from sparse_jax.training.metrics_writer import MetricsWriter
 from sparse_jax.training.optimizer import learning_rate_schedule, make_optimizer
 from sparse_jax.training.preemption import StopRequest
@@ -58,8 +58,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   """Trains `config` in `workdir` (resuming if it holds checkpoints); returns final metrics."""
   validate_config(config)
   batch, seq_len, steps = config.data.batch_size, config.data.seq_len, config.train.steps
+  unit = data.spec(config.data).unit
   train_tokens = data.load_tokens(config.data, "train")
-  valid_tokens = data.load_tokens(config.data, "validation")
+  valid = data.load_split(config.data, "validation")
   model = build_model(config)
   optimizer = nnx.Optimizer(model, make_optimizer(config.train), wrt=nnx.Param)
   data_iterator = data.train_iterator(train_tokens, batch, seq_len)
@@ -67,7 +68,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   checkpointer = Checkpointer(workdir, max_to_keep=config.train.keep_checkpoints)
   start = checkpointer.latest_step() or 0
   if start:
-    logging.info("Resuming from the checkpoint of step %d in %s.", start, workdir)
+    print(f"Resuming from the checkpoint of step {start} in {workdir}.")
     memory = checkpointer.restore(start, model=model, optimizer=optimizer, memory=memory,
                                   data_iterator=data_iterator)
   evaluator = make_evaluator(config, model)
@@ -81,7 +82,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   def evaluate(step: int, max_batches) -> dict[str, float]:
     sync_to_modules()
-    metrics = evaluator(model, valid_tokens, max_batches=max_batches)
+    metrics = evaluator(model, valid.tokens, max_batches=max_batches,
+                        words_per_token=valid.words_per_token)
     writer.write(step, "validation", metrics)
     return metrics
 
@@ -97,7 +99,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         at_ckpt = step % config.train.ckpt_every == 0 or step == steps or stop.requested
         if step % config.train.log_every == 0 or at_ckpt:
           logged = window.flush(batch * seq_len)
-          logged["lr"] = float(lr(step - 1))
+          logged.update(unit_metric(logged["ce"], unit), lr=float(lr(step - 1)))
           writer.write(step, "train", logged)
           bar.set_postfix(loss=f"{logged['loss']:.3f}")
           window = _Window(step)

@@ -1,0 +1,56 @@
+"""Parameter and FLOP accounting for parameter-matched comparisons (sigma-MoE Table 3/4).
+
+Layers are built abstractly (`nnx.eval_shape`), so counting a 262M-parameter config
+allocates nothing.
+"""
+
+import copy
+
+import jax
+import ml_collections
+from flax import nnx
+
+from sparse_jax.layers.registry import build_ff
+from sparse_jax.models.lm import TransformerLM
+
+
+def _param_count(module: nnx.Module) -> int:
+  return sum(x.size for x in jax.tree.leaves(nnx.state(module, nnx.Param)))
+
+
+def ff_layer_stats(model_cfg: ml_collections.ConfigDict) -> dict[str, int]:
+  """Parameters and multiply-adds per token of one FF layer of `model_cfg`."""
+  ff = nnx.eval_shape(lambda: build_ff(model_cfg.ff, d_model=model_cfg.d_model,
+                                       n_layers=model_cfg.n_layers, rngs=nnx.Rngs(0)))
+  return {"params": _param_count(ff), "flops_per_token": ff.flops_per_token()}
+
+
+def matched_dense_d_ff(model_cfg: ml_collections.ConfigDict) -> int:
+  """The dense `d_ff` whose FF layer (with biases) has as many parameters as `model.ff`.
+
+  A dense layer has `2 d_model d_ff + d_ff + d_model` parameters; e.g. sigma-MoE WT-S
+  (d_model 412, 16 experts of 128 plus the selector) gives the paper's 2053.
+  """
+  d = model_cfg.d_model
+  return round((ff_layer_stats(model_cfg)["params"] - d) / (2 * d + 1))
+
+
+def matched_dense_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A copy of an experiment config with its FF replaced by the parameter-matched dense one."""
+  dense = copy.deepcopy(config)
+  dense.model.ff = ml_collections.ConfigDict(
+      {"kind": "dense", "d_ff": matched_dense_d_ff(config.model),
+       "dropout": config.model.ff.get("dropout", 0.0)})
+  return dense
+
+
+def model_report(model_cfg: ml_collections.ConfigDict) -> dict[str, float]:
+  """Total parameters, FF parameters and the FF FLOPs as % of the matched dense FF."""
+  lm = nnx.eval_shape(lambda: TransformerLM(model_cfg, rngs=nnx.Rngs(0)))
+  ff = ff_layer_stats(model_cfg)
+  dense_flops = 2 * model_cfg.d_model * matched_dense_d_ff(model_cfg)
+  return {"total_params": _param_count(lm),
+          "ff_params_per_layer": ff["params"],
+          "ff_flops_per_token": ff["flops_per_token"],
+          "matched_dense_d_ff": matched_dense_d_ff(model_cfg),
+          "ff_flops_percent_of_dense": 100.0 * ff["flops_per_token"] / dense_flops}

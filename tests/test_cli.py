@@ -1,0 +1,49 @@
+"""train.py and eval.py as a user runs them: flags, config overrides, outputs, errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(args, cwd=REPO):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
+                        text=True, timeout=600)
+
+
+def test_train_then_eval_from_the_command_line(stdlib_slice, tmp_path):
+  workdir = str(tmp_path / "run")
+  overrides = [
+      f"--config.data.source_root={stdlib_slice}", f"--config.data.data_dir={tmp_path / 'tfds'}",
+      "--config.data.batch_size=2", "--config.data.seq_len=16", "--config.model.d_model=16",
+      "--config.model.n_layers=1", "--config.model.n_heads=2", "--config.model.mem_len=16",
+      "--config.model.ff.d_ff=32", "--config.train.steps=4", "--config.train.warmup_steps=1",
+      "--config.train.log_every=2", "--config.train.ckpt_every=4", "--config.eval.batch_size=2",
+      "--config.eval.mem_len=32", "--config.eval.max_batches=2"]
+  trained = run(["train.py", "--config=configs/default.py", f"--workdir={workdir}", *overrides])
+  assert trained.returncode == 0, trained.stderr[-3000:]
+  assert "bits_per_byte=" in trained.stdout
+  evaluated = run(["eval.py", f"--workdir={workdir}", "--split=test", "--max_batches=3"])
+  assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+  with open(os.path.join(workdir, "eval_test_4.json")) as f:
+    results = json.load(f)
+  assert results["step"] == 4 and results["tokens"] == 3 * 2 * 16
+  assert f"bits_per_byte={results['bits_per_byte']:.6g}" in evaluated.stdout
+
+
+def test_eval_on_an_empty_workdir_says_so(tmp_path):
+  result = run(["eval.py", f"--workdir={tmp_path}"])
+  assert result.returncode != 0
+  assert "no checkpoint in" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_train_rejects_a_bad_override_naming_the_field(tmp_path):
+  result = run(["train.py", f"--workdir={tmp_path}", "--config.model.d_model=250"])
+  assert result.returncode != 0
+  assert "model.d_model" in result.stderr and "divisible by model.n_heads" in result.stderr
+  assert "Traceback" not in result.stderr
