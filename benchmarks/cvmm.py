@@ -1,0 +1,161 @@
+"""Benchmark: one sigma-MoE feed-forward layer built on `cvmm` vs a parameter-matched dense MLP.
+
+The setting of Fig. 2 of the sigma-MoE paper: |B| tokens of width d_model, N_E experts of
+G units, top-K slots per token, against a dense MLP with d_ff = G * N_E (same parameters).
+
+    MoE:   y = cvmm(ReLU(cvmm(x, sel, W1)), sel, W2, gates)   W1 [E, d, G], W2 [E, G, d]
+    dense: y = ReLU(x @ W1) @ W2                              W1 [d, G*E],  W2 [G*E, d]
+
+Times the jitted forward and forward + backward (gradients of x, W1, W2 and the gates) of
+each, per impl, in the same run; prints a table (ms, TFLOP/s on the active multiply-adds,
+speed-up over dense) and writes it as JSON. On a machine without a GPU the default is 4096
+tokens and the interpreted Pallas impl is skipped (interpret mode measures Python, not the
+kernel). Routing is uniform random top-K over distinct experts.
+
+    python benchmarks/cvmm.py --dtype float32 --output benchmarks/cvmm_cpu.json
+"""
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels import cvmm
+
+
+def moe_layer(x_nd, sel_nk, gates_nk, w1_edg, w2_egd, impl):
+  """Two CVMMs: up with the k slots sharing each token row, ReLU, down with the gates."""
+  h_nkg = jax.nn.relu(cvmm(x_nd, sel_nk, w1_edg, impl=impl))
+  return cvmm(h_nkg, sel_nk, w2_egd, gates_nk, impl=impl)
+
+
+def dense_mlp(x_nd, w1_df, w2_fd):
+  """The parameter-matched dense MLP (f32 accumulation, output in the input dtype)."""
+  h_nf = jax.nn.relu(jnp.dot(x_nd, w1_df, preferred_element_type=jnp.float32).astype(x_nd.dtype))
+  return jnp.dot(h_nf, w2_fd, preferred_element_type=jnp.float32).astype(x_nd.dtype)
+
+
+def forward_and_backward(fn, argnums):
+  """fn's output and the gradients of <fn(...), ct> with respect to `argnums`."""
+  def run(ct, *args):
+    y, vjp = jax.vjp(lambda *diff: fn(*diff, *args[len(argnums):]), *args[:len(argnums)])
+    return y, vjp(ct)
+  return run
+
+
+def time_interleaved_ms(calls: dict, repeats: int) -> dict:
+  """Median wall time in ms of each compiled call, after one warm-up call each.
+
+  The calls take turns, one run each per round, so that load from other processes on the
+  machine affects all of them alike and the ratios between them stay meaningful.
+  """
+  for fn, args in calls.values():
+    jax.block_until_ready(fn(*args))
+  samples = {name: [] for name in calls}
+  for _ in range(repeats):
+    for name, (fn, args) in calls.items():
+      start = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      samples[name].append((time.perf_counter() - start) * 1e3)
+  return {name: statistics.median(times) for name, times in samples.items()}
+
+
+def random_routing(key, tokens: int, experts: int, k: int, dtype):
+  """Top-k of random scores: k distinct experts per token, gates in (0, 1)."""
+  scores_ne = jax.random.uniform(key, (tokens, experts))
+  gates_nk, sel_nk = jax.lax.top_k(scores_ne, k)
+  return sel_nk.astype(jnp.int32), gates_nk.astype(dtype)
+
+
+def bench_experts(args, experts: int, impls: list[str]) -> list[dict]:
+  """Rows of the table for one expert count: dense first, then each impl."""
+  dtype = jnp.dtype(args.dtype)
+  d, g, k, n = args.d_model, args.group, args.k, args.tokens
+  keys = jax.random.split(jax.random.key(experts), 6)
+  x_nd = jax.random.normal(keys[0], (n, d), dtype)
+  sel_nk, gates_nk = random_routing(keys[1], n, experts, k, dtype)
+  w1_edg = (jax.random.normal(keys[2], (experts, d, g)) * d ** -0.5).astype(dtype)
+  w2_egd = (jax.random.normal(keys[3], (experts, g, d)) * (g * experts) ** -0.5).astype(dtype)
+  ct_nd = jax.random.normal(keys[4], (n, d), dtype)
+
+  dense_args = (x_nd, w1_edg.transpose(1, 0, 2).reshape(d, g * experts), w2_egd.reshape(g * experts, d))
+  dense_macs = 2 * n * d * g * experts
+  runs = [("dense", dense_mlp, dense_args, dense_macs, 3)]
+  for impl in impls:
+    fn = lambda x, w1, w2, gates, sel, impl=impl: moe_layer(x, sel, gates, w1, w2, impl)
+    runs.append((impl, fn, (x_nd, w1_edg, w2_egd, gates_nk, sel_nk), 2 * n * k * d * g, 4))
+
+  calls = {}
+  for name, fn, fn_args, _, num_diff in runs:
+    calls[name, "fwd"] = (jax.jit(fn), fn_args)
+    calls[name, "fwd_bwd"] = (jax.jit(forward_and_backward(fn, tuple(range(num_diff)))),
+                              (ct_nd, *fn_args))
+  ms = time_interleaved_ms(calls, args.repeats)
+  rows = []
+  for name, _, _, macs, _ in runs:
+    fwd_ms, train_ms = ms[name, "fwd"], ms[name, "fwd_bwd"]
+    rows.append(dict(experts=experts, impl=name, fwd_ms=fwd_ms, fwd_bwd_ms=train_ms,
+                     fwd_tflops=2 * macs / fwd_ms / 1e9, fwd_bwd_tflops=6 * macs / train_ms / 1e9))
+  for row in rows:
+    row["fwd_speedup"] = rows[0]["fwd_ms"] / row["fwd_ms"]
+    row["fwd_bwd_speedup"] = rows[0]["fwd_bwd_ms"] / row["fwd_bwd_ms"]
+  return rows
+
+
+def format_table(rows: list[dict]) -> str:
+  """Markdown table of the benchmark rows."""
+  lines = ["| N_E | impl | fwd ms | fwd TFLOP/s | fwd x dense | fwd+bwd ms | fwd+bwd TFLOP/s | fwd+bwd x dense |",
+           "|---:|---|---:|---:|---:|---:|---:|---:|"]
+  for r in rows:
+    lines.append(f"| {r['experts']} | {r['impl']} | {r['fwd_ms']:.1f} | {r['fwd_tflops']:.3f} | "
+                 f"{r['fwd_speedup']:.2f} | {r['fwd_bwd_ms']:.1f} | {r['fwd_bwd_tflops']:.3f} | "
+                 f"{r['fwd_bwd_speedup']:.2f} |")
+  return "\n".join(lines)
+
+
+def parse_args(argv):
+  on_gpu = jax.default_backend() == "gpu"
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--tokens", type=int, default=32768 if on_gpu else 4096)
+  parser.add_argument("--d_model", type=int, default=512)
+  parser.add_argument("--group", type=int, default=128, help="G, units per expert")
+  parser.add_argument("--k", type=int, default=4, help="experts per token")
+  parser.add_argument("--experts", default="8,16,32,64,128", help="comma-separated N_E values")
+  parser.add_argument("--impls", default="pallas,blocked,ragged" if on_gpu else "blocked,ragged",
+                      help="comma-separated cvmm impls")
+  parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+  parser.add_argument("--repeats", type=int, default=7, help="timed rounds per call")
+  parser.add_argument("--output", default="benchmarks/cvmm.json", help="JSON results path")
+  return parser.parse_args(argv)
+
+
+def main(argv=None) -> list[dict]:
+  args = parse_args(argv)
+  impls = [i for i in args.impls.split(",") if i]
+  if jax.default_backend() != "gpu" and "pallas" in impls:
+    impls.remove("pallas")
+    print("skipping impl=pallas: no GPU, it would run in Pallas interpret mode")
+  print(f"jax {jax.__version__} on {jax.devices()[0].device_kind} ({jax.default_backend()}), "
+        f"tokens={args.tokens} d_model={args.d_model} G={args.group} K={args.k} dtype={args.dtype}")
+  rows = []
+  for experts in [int(e) for e in args.experts.split(",")]:
+    rows += bench_experts(args, experts, impls)
+    print(format_table(rows[-len(impls) - 1:]), flush=True)
+  print(format_table(rows))
+  meta = dict(jax=jax.__version__, backend=jax.default_backend(),
+              device=jax.devices()[0].device_kind, machine=platform.machine(),
+              date=datetime.date.today().isoformat(), argv=sys.argv[1:] if argv is None else argv,
+              **vars(args))
+  with open(args.output, "w") as f:
+    json.dump(dict(meta=meta, rows=rows), f, indent=1)
+  return rows
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,40 @@
+"""sigma-MoE models of the paper (Table 7), each on the dense baseline it is matched to.
+
+    python train.py --config=configs/sigma_moe_paper.py:wt103_s
+    python train.py --config=configs/sigma_moe_paper.py:wt103_s_star   # 237M, 128 experts
+    python train.py --config=configs/sigma_moe_paper.py:wt103_b
+    python train.py --config=configs/sigma_moe_paper.py:e8
+
+The MoE replaces the FF of every layer; everything else is the dense config (Table 6).
+Parameter counts match `configs/dense_paper.py:<model>` within 0.3% (`--print_params`).
+"""
+
+import ml_collections
+
+from configs import e8_dense, wt103_b_dense, wt103_s_dense
+
+# name: (dense config, N_E, G, K, expert dropout delta, regulariser gamma), Table 7.
+MODELS = {
+    "wt103_s": (wt103_s_dense, 16, 128, 4, 0.0, 0.001),
+    "wt103_s_star": (wt103_s_dense, 128, 128, 4, 0.05, 0.001),
+    "wt103_b": (wt103_b_dense, 32, 128, 4, 0.2, 0.001),
+    "e8": (e8_dense, 16, 128, 4, 0.05, 0.0001),
+}
+
+
+def sigma_moe_ff(n_experts: int, expert_size: int, k: int, expert_dropout: float,
+                 reg_coef: float) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict({
+      "kind": "sigma_moe", "n_experts": n_experts, "expert_size": expert_size, "k": k,
+      "expert_dropout": expert_dropout, "reg_coef": reg_coef, "init": "sigma",
+      "expert_hidden_dropout": 0.0, "impl": "auto"})
+
+
+def get_config(model: str = "wt103_s") -> ml_collections.ConfigDict:
+  if model not in MODELS:
+    raise ValueError(f"sigma_moe_paper.py:<model> must be one of {sorted(MODELS)}; "
+                     f"got {model!r}.")
+  dense_module, n_experts, expert_size, k, delta, gamma = MODELS[model]
+  config = dense_module.get_config()
+  config.model.ff = sigma_moe_ff(n_experts, expert_size, k, delta, gamma)
+  return config

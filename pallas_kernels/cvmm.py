@@ -1,0 +1,218 @@
+"""`cvmm`: the grouped expert matmul of sigma-MoE (App. B.1 of the paper), with its VJP.
+
+    y = cvmm(x, sel, w, gates=None, *, impl="auto")
+    x [N, M] (one row per token, shared by its k slots) or [N, k, M] (one row per slot)
+    sel [N, k] int expert ids, w [E, M, L]
+    gates None  -> y [N, k, L],  y[n, j] = x[n (, j)] @ w[sel[n, j]]
+    gates [N, k] -> y [N, L]  =  sum_j gates[n, j] * x[n (, j)] @ w[sel[n, j]]
+
+Every impl but the gather oracle shares one `jax.custom_vjp` and differs only in its
+*backend*: how the N*k slots are laid out as rows grouped by expert (`make_layout`), how
+those rows are multiplied by their expert's weights (`matmul`), and how the per-expert
+weight gradient is formed (`weight_grad`). The layout is built once in the forward pass and
+is a residual of the backward pass, which is
+
+    dx   = (dy  @ w[e]^T)  summed over the k slots of a token when x is shared
+    dw_e = x_e^T @ (g * dy)_e
+    dg   = <dy[n], x[n, j] @ w[e]>  =  <dy[n] @ w[e]^T, x[n, j]>
+
+The last identity makes the gate gradient exact without keeping the ungated products: it
+reuses the input-gradient matmul, computed on the ungated dy and scaled by g afterwards.
+"""
+
+import dataclasses
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels import blocked
+from pallas_kernels import dispatch
+from pallas_kernels import forward_kernel
+from pallas_kernels import ragged
+from pallas_kernels import reference
+from pallas_kernels import weight_grad_kernel
+
+IMPLS = ("auto", "pallas", "blocked", "ragged", "gather")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Backend:
+  """One grouped-matmul implementation (see the module docstring)."""
+  make_layout: Callable[..., dispatch.SlotLayout]
+  matmul: Callable[..., jax.Array]
+  weight_grad: Callable[..., jax.Array]
+
+
+def _sorted_layout(sel_s, num_experts, size_m, size_l, dtype) -> dispatch.SlotLayout:
+  """The unpadded layout of the pallas and ragged impls (no block size involved)."""
+  del size_m, size_l, dtype
+  return dispatch.sorted_layout(sel_s, num_experts)
+
+
+def _pallas_matmul(layout, x_rm, w_eml, *, transpose, out_dtype, interpret):
+  """Forward kernel; on w^T (materialised, E*M*L elements) for the input gradient."""
+  w_emx = jnp.swapaxes(w_eml, 1, 2) if transpose else w_eml
+  return forward_kernel.segment_matmul(x_rm, w_emx, layout.groups, out_dtype=out_dtype,
+                                       interpret=interpret)
+
+
+def _pallas_weight_grad(layout, x_rm, dy_rl, *, num_experts, out_dtype, interpret):
+  del num_experts  # The groups table has one entry per expert.
+  return weight_grad_kernel.weight_grad(x_rm, dy_rl, layout.groups, out_dtype=out_dtype,
+                                        interpret=interpret)
+
+
+def _pallas_backend(interpret: bool) -> _Backend:
+  return _Backend(_sorted_layout,
+                  functools.partial(_pallas_matmul, interpret=interpret),
+                  functools.partial(_pallas_weight_grad, interpret=interpret))
+
+
+_BACKENDS = {
+    "pallas_triton": _pallas_backend(interpret=False),
+    "pallas_interpret": _pallas_backend(interpret=True),
+    "blocked": _Backend(blocked.make_layout, blocked.matmul, blocked.weight_grad),
+    "ragged": _Backend(_sorted_layout, ragged.matmul, ragged.weight_grad),
+}
+
+
+def targets_gpu() -> bool:
+  """True when tracing for a GPU: the default backend, or an abstract GPU mesh in scope
+  (how the Triton lowering is checked on a machine without a GPU)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  device = None if mesh.empty else mesh.abstract_device
+  return jax.default_backend() == "gpu" or getattr(device, "platform", None) == "gpu"
+
+
+def _rows_from_tokens(values_n: jax.Array, layout: dispatch.SlotLayout, k: int) -> jax.Array:
+  """Row r of the layout takes token row (slot // k); padding rows get zeros."""
+  return jnp.take(values_n, layout.row_slot_r // k, axis=0, mode="fill", fill_value=0)
+
+
+def _rows_from_slots(values_s: jax.Array, layout: dispatch.SlotLayout) -> jax.Array:
+  """Row r of the layout takes slot row_slot[r]; padding rows get zeros."""
+  return jnp.take(values_s, layout.row_slot_r, axis=0, mode="fill", fill_value=0)
+
+
+def _layout_x_rows(x: jax.Array, layout: dispatch.SlotLayout, k: int) -> jax.Array:
+  if x.ndim == 2:
+    return _rows_from_tokens(x, layout, k)
+  return _rows_from_slots(x.reshape(-1, x.shape[-1]), layout)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _grouped_cvmm(backend, x, sel_nk, w_eml, gates_nk):
+  y, _ = _grouped_cvmm_fwd(backend, x, sel_nk, w_eml, gates_nk)
+  return y
+
+
+def _grouped_cvmm_fwd(backend, x, sel_nk, w_eml, gates_nk):
+  n, k = sel_nk.shape
+  num_experts, size_m, size_l = w_eml.shape
+  layout = backend.make_layout(sel_nk.reshape(-1), num_experts, size_m, size_l, x.dtype)
+  x_rm = _layout_x_rows(x, layout, k)
+  z_dtype = x.dtype if gates_nk is None else jnp.float32
+  z_rl = backend.matmul(layout, x_rm, w_eml, transpose=False, out_dtype=z_dtype)
+  z_nkl = jnp.take(z_rl, layout.slot_row_s, axis=0).reshape(n, k, size_l)
+  if gates_nk is None:
+    y = z_nkl
+  else:
+    # A broadcast multiply and sum, not an einsum: XLA fuses it with the gather of z, while
+    # "nk,nkl->nl" would become N tiny batched matmuls.
+    y = jnp.sum(gates_nk.astype(jnp.float32)[:, :, None] * z_nkl, axis=1).astype(x.dtype)
+  return y, (x, w_eml, gates_nk, layout)
+
+
+def _grouped_cvmm_bwd(backend, residuals, dy):
+  x, w_eml, gates_nk, layout = residuals
+  num_experts, size_m, size_l = w_eml.shape
+  num_slots = layout.slot_row_s.shape[0]
+  n = x.shape[0]
+  k = num_slots // n
+  if gates_nk is None:
+    dy_rl = _rows_from_slots(dy.reshape(num_slots, size_l), layout)
+  else:
+    dy_rl = _rows_from_tokens(dy, layout, k)
+  dy_rl = dy_rl.astype(x.dtype)
+  u_rm = backend.matmul(layout, dy_rl, w_eml, transpose=True, out_dtype=jnp.float32)
+  x_rm = _layout_x_rows(x, layout, k)
+  dgates_nk = None
+  if gates_nk is not None:
+    g_r = _rows_from_slots(gates_nk.reshape(-1).astype(jnp.float32), layout)
+    dg_r = jnp.sum(u_rm * x_rm.astype(jnp.float32), axis=-1)
+    dgates_nk = jnp.take(dg_r, layout.slot_row_s).reshape(n, k).astype(gates_nk.dtype)
+    u_rm = u_rm * g_r[:, None]
+    dy_rl = (dy_rl.astype(jnp.float32) * g_r[:, None]).astype(x.dtype)
+  dx_nkm = jnp.take(u_rm, layout.slot_row_s, axis=0).reshape(n, k, size_m)
+  dx = (dx_nkm.sum(axis=1) if x.ndim == 2 else dx_nkm).astype(x.dtype)
+  dw_eml = backend.weight_grad(layout, x_rm, dy_rl, num_experts=num_experts,
+                               out_dtype=w_eml.dtype)
+  return dx, None, dw_eml, dgates_nk
+
+
+_grouped_cvmm.defvjp(_grouped_cvmm_fwd, _grouped_cvmm_bwd)
+
+
+def _check_inputs(x, sel, w, gates, impl) -> None:
+  """Raise a ValueError naming the offending argument if the call breaks the contract."""
+  if impl not in IMPLS:
+    raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+  if w.ndim != 3:
+    raise ValueError(f"w must have shape [E, M, L], got shape {w.shape}")
+  if sel.ndim != 2 or not jnp.issubdtype(sel.dtype, jnp.integer):
+    raise ValueError(f"sel must be an integer array [N, k], got {sel.dtype} {sel.shape}")
+  n, k = sel.shape
+  num_experts, size_m, _ = w.shape
+  if num_experts < 1:
+    raise ValueError(f"w must hold at least one expert, got shape {w.shape}")
+  expected_x = [(n, size_m), (n, k, size_m)]
+  if x.shape not in expected_x:
+    raise ValueError(f"x must have shape [N, M] = {expected_x[0]} or [N, k, M] = "
+                     f"{expected_x[1]} (from sel {sel.shape} and w {w.shape}), got {x.shape}")
+  if not jnp.issubdtype(x.dtype, jnp.floating):
+    raise ValueError(f"x must be a floating array, got {x.dtype}")
+  if w.dtype != x.dtype:
+    raise ValueError(f"w must have the dtype of x ({x.dtype}), got {w.dtype}")
+  if gates is not None:
+    if gates.shape != sel.shape:
+      raise ValueError(f"gates must have the shape of sel {sel.shape}, got {gates.shape}")
+    if not jnp.issubdtype(gates.dtype, jnp.floating):
+      raise ValueError(f"gates must be a floating array, got {gates.dtype}")
+
+
+def _resolve_impl(impl: str) -> str:
+  """auto: the Pallas kernels when tracing for a GPU, the blocked XLA path elsewhere."""
+  if impl == "auto":
+    return "pallas" if targets_gpu() else "blocked"
+  return impl
+
+
+def cvmm(x: jax.Array, sel: jax.Array, w: jax.Array, gates: jax.Array | None = None, *,
+         impl: str = "auto") -> jax.Array:
+  """Conditional vector-matrix multiplication: each token slot times its expert's matrix.
+
+  Args:
+    x: [N, M] token rows shared by their k slots, or [N, k, M] one row per slot.
+    sel: [N, k] integer expert ids in [0, E) (ids outside are clipped, as indexing would).
+    w: [E, M, L] expert weights, same dtype as x (float32 or bfloat16).
+    gates: optional [N, k] weights of the k slots, summed into one output row per token.
+    impl: "pallas" (Triton kernels on GPU, interpret mode elsewhere), "blocked" (padded
+      blocks + batched matmul in XLA), "ragged" (jax.lax.ragged_dot), "gather" (the w[sel]
+      oracle) or "auto" (pallas on GPU, blocked elsewhere).
+
+  Returns:
+    [N, k, L] without gates, [N, L] with gates, in the dtype of x (f32 accumulation).
+    Differentiable in x, w and gates.
+  """
+  _check_inputs(x, sel, w, gates, impl)
+  impl = _resolve_impl(impl)
+  sel = jnp.clip(sel, 0, w.shape[0] - 1).astype(jnp.int32)
+  if impl == "gather" or sel.size == 0:
+    return reference.cvmm_gather(x, sel, w, gates)
+  if impl == "pallas":
+    backend = _BACKENDS["pallas_triton" if targets_gpu() else "pallas_interpret"]
+  else:
+    backend = _BACKENDS[impl]
+  return _grouped_cvmm(backend, x, sel, w, gates)

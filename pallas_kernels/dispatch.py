@@ -1,0 +1,92 @@
+"""The XLA side of CVMM: sort the N*k token slots by expert, and describe the result.
+
+Slot `s = n * k + j` is token n's j-th choice, routed to expert `sel[n, j]`. Every
+implementation except the gather oracle multiplies *rows* of a layout in which the slots of
+one expert are contiguous; this module builds that layout once per `cvmm` call (the backward
+pass reuses it as a residual) plus, for the Pallas kernels, the table of (tile, expert)
+segments that lets each program touch the rows of exactly one expert.
+"""
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+class ExpertGroups(NamedTuple):
+  """Where each expert's rows are in a layout: rows [starts[e], starts[e] + sizes[e])."""
+  starts_e: jax.Array  # [E] int32
+  sizes_e: jax.Array  # [E] int32
+
+
+class SlotLayout(NamedTuple):
+  """A row space of R >= S rows holding the S slots grouped by expert.
+
+  row_slot_r: [R] int32, the slot held by each row; S marks a padding row (holds nothing).
+  slot_row_s: [S] int32, the row holding each slot (the inverse map).
+  groups: implementation-specific description of the expert groups (an `ExpertGroups` for
+    the sorted layout, the expert of every block for the blocked one).
+  """
+  row_slot_r: jax.Array
+  slot_row_s: jax.Array
+  groups: Any
+
+
+class SegmentTable(NamedTuple):
+  """Pallas work list: program p multiplies sorted rows [starts[p], ends[p]) by w[experts[p]].
+
+  Segments never cross a tile of `block_rows` rows nor an expert boundary, so a program loads
+  one row tile and one expert's weights. There are `cdiv(S, block_rows) + E` segments (a
+  static bound); the ones with start == end are empty and do nothing.
+  """
+  starts_p: jax.Array  # [P] int32
+  ends_p: jax.Array  # [P] int32
+  experts_p: jax.Array  # [P] int32
+
+
+def sort_slots(sel_s: jax.Array, num_experts: int) -> tuple[jax.Array, jax.Array, ExpertGroups]:
+  """Stable sort of the flat slot ids by expert.
+
+  Returns (order_r, rank_s, groups): order_r[i] is the slot at sorted position i, rank_s its
+  inverse, groups the [start, start + size) range of each expert in sorted order (size 0 for
+  experts nobody chose).
+  """
+  num_slots = sel_s.shape[0]
+  iota_s = lax.iota(jnp.int32, num_slots)
+  sorted_sel_r, order_r = lax.sort((sel_s, iota_s), num_keys=1, is_stable=True)
+  rank_s = jnp.zeros_like(iota_s).at[order_r].set(iota_s, unique_indices=True)
+  experts_e = jnp.arange(num_experts, dtype=sel_s.dtype)
+  starts_e = jnp.searchsorted(sorted_sel_r, experts_e, side="left").astype(jnp.int32)
+  ends_e = jnp.searchsorted(sorted_sel_r, experts_e, side="right").astype(jnp.int32)
+  return order_r, rank_s, ExpertGroups(starts_e, ends_e - starts_e)
+
+
+def sorted_layout(sel_s: jax.Array, num_experts: int) -> SlotLayout:
+  """The unpadded layout (R = S): rows are the slots in expert order."""
+  order_r, rank_s, groups = sort_slots(sel_s, num_experts)
+  return SlotLayout(row_slot_r=order_r, slot_row_s=rank_s, groups=groups)
+
+
+def expert_of_rows(starts_e: jax.Array, rows: jax.Array) -> jax.Array:
+  """Expert whose group contains each row, given nondecreasing group starts.
+
+  The last expert whose group starts at or before the row; empty groups share their start
+  with the next group, so they are never picked for a row inside a non-empty group.
+  """
+  expert = jnp.searchsorted(starts_e, rows, side="right") - 1
+  return jnp.clip(expert, 0, starts_e.shape[0] - 1).astype(jnp.int32)
+
+
+def segment_table(groups: ExpertGroups, num_rows: int, block_rows: int) -> SegmentTable:
+  """Cut the sorted rows at every tile start and every expert start (see SegmentTable)."""
+  num_tiles = cdiv(num_rows, block_rows)
+  tile_starts = jnp.arange(num_tiles, dtype=jnp.int32) * block_rows
+  starts_p = jnp.sort(jnp.concatenate([tile_starts, groups.starts_e]))
+  ends_p = jnp.concatenate([starts_p[1:], jnp.full((1,), num_rows, jnp.int32)])
+  return SegmentTable(starts_p, ends_p, expert_of_rows(groups.starts_e, starts_p))
+
+
+def cdiv(a: int, b: int) -> int:
+  """Ceiling division of Python ints (static shapes)."""
+  return -(-a // b)

@@ -1,0 +1,91 @@
+"""Mixture-of-experts feed-forward layers (sigma-MoE paper Sec. 3.3, 4 and 5).
+
+All variants share the expert computation of Eq. 11,
+
+    y = sum_{e in E_x} s[e] ReLU(x W1^e) W2^e,
+
+run as two grouped matmuls (`pallas_kernels.cvmm`): the up projection with k slots per token
+and the gated down projection. They differ only in their router (`sparse_jax.layers.routers`),
+which picks the experts `E_x`, their weights `s[e]` and the regulariser.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+import pallas_kernels
+from sparse_jax.layers import initializers
+from sparse_jax.layers.routers import SigmaRouter
+from sparse_jax.layers.routers.routing import usage_counts
+
+EXPERT_INITS = ("sigma", "standard", "switch")
+
+
+def expert_stds(init: str, d_model: int, n_experts: int, expert_size: int,
+                n_layers: int) -> tuple[float, float]:
+  """Init std of `W1^e` and `W2^e`.
+
+  sigma (Sec. 5): as the dense baseline, `sqrt(2 / (fan_in * n_layers))` with the fan-in of
+  the whole `d_ff = G * N_E` for W2. standard (the ablation): the fan-in of one expert (G).
+  switch (Fedus et al.): `sqrt(0.1 / fan_in)` of each matrix.
+  """
+  if init == "switch":
+    return math.sqrt(0.1 / d_model), math.sqrt(0.1 / expert_size)
+  down_fan_in = expert_size * n_experts if init == "sigma" else expert_size
+  return (initializers.depth_scaled_std(d_model, n_layers),
+          initializers.depth_scaled_std(down_fan_in, n_layers))
+
+
+class MoE(nnx.Module):
+  """Experts `w_up [E, d_model, G]`, `w_down [E, G, d_model]` and a router; no biases.
+
+  FF contract: `y, aux = moe(x)` with `x, y: [..., d_model]`; `aux["reg_loss"]` is the
+  router's scaled regulariser and `aux["expert_usage"]` the `[E]` slot count per expert.
+  """
+
+  def __init__(self, d_model: int, n_experts: int, expert_size: int, router: nnx.Module, *,
+               n_layers: int, init: str = "sigma", expert_hidden_dropout: float = 0.0,
+               impl: str = "auto", rngs: nnx.Rngs):
+    if init not in EXPERT_INITS:
+      raise ValueError(f"init must be one of {EXPERT_INITS}; got {init!r}.")
+    self.d_model, self.n_experts, self.expert_size = d_model, n_experts, expert_size
+    self.impl = impl
+    std_up, std_down = expert_stds(init, d_model, n_experts, expert_size, n_layers)
+    self.w_up = nnx.Param(initializers.normal(std_up)(rngs.params(),
+                                                      (n_experts, d_model, expert_size)))
+    self.w_down = nnx.Param(initializers.normal(std_down)(rngs.params(),
+                                                          (n_experts, expert_size, d_model)))
+    self.router = router
+    self.hidden_dropout = nnx.Dropout(expert_hidden_dropout, rngs=rngs)
+
+  def __call__(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+    x_nd = x.reshape(-1, self.d_model)
+    r = self.router(x_nd)
+    dtype = x.dtype
+    h_nkg = pallas_kernels.cvmm(x_nd, r.sel_nk, self.w_up[...].astype(dtype), impl=self.impl)
+    h_nkg = self.hidden_dropout(jax.nn.relu(h_nkg))
+    y_nd = pallas_kernels.cvmm(h_nkg, r.sel_nk, self.w_down[...].astype(dtype),
+                               r.gates_nk.astype(dtype), impl=self.impl)
+    aux = {"reg_loss": r.reg_loss.astype(jnp.float32),
+           "expert_usage": usage_counts(r.sel_nk, r.gates_nk, self.n_experts)}
+    return y_nd.reshape(x.shape), aux
+
+  def flops_per_token(self) -> int:
+    """Multiply-adds: the selector (`d_model * E`, twice with a noise net) and k experts."""
+    selector = self.d_model * self.n_experts * (2 if hasattr(self.router, "w_noise") else 1)
+    return selector + self.router.k * 2 * self.d_model * self.expert_size
+
+
+class SigmaMoE(MoE):
+  """sigma-MoE (Sec. 5): sigmoid router with expert dropout and the entropy regulariser,
+  the sigma init (or the "standard" ablation)."""
+
+  def __init__(self, d_model: int, n_experts: int, expert_size: int, k: int, *, n_layers: int,
+               expert_dropout: float = 0.0, reg_coef: float = 0.001, init: str = "sigma",
+               expert_hidden_dropout: float = 0.0, impl: str = "auto", rngs: nnx.Rngs):
+    router = SigmaRouter(d_model, n_experts, k, n_layers=n_layers,
+                         expert_dropout=expert_dropout, reg_coef=reg_coef, rngs=rngs)
+    super().__init__(d_model, n_experts, expert_size, router, n_layers=n_layers, init=init,
+                     expert_hidden_dropout=expert_hidden_dropout, impl=impl, rngs=rngs)

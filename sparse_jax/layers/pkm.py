@@ -1,0 +1,92 @@
+"""Product-key memory (Lample et al. 2019) as in the sigma-MoE paper (Sec. 3.2, App. A.3).
+
+The input itself is the query (no query network, no batch norm). It is split into halves
+`x_a | x_b`; per head, each half scores `n_subkeys` sub-keys, the top-`knn` of each half are
+combined into the `knn^2` candidate sums `u[i] = u_b[i // n] + u_a[i mod n]` (Eq. 8), and the
+top-`knn` candidates, which are guaranteed to be the top-`knn` of all `n^2`, select values.
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from sparse_jax.layers import initializers
+
+ACTIVATIONS = ("relu", "softmax")
+INITS = ("lample", "dense")
+
+
+def product_key_topk(scores_a_nhs: jax.Array, scores_b_nhs: jax.Array, knn: int):
+  """Two-stage top-k over the `n^2` sums `scores_b[j] + scores_a[i]`.
+
+  Each half keeps its `m = min(knn, n)` best sub-keys; the top-`knn` of all `n^2` sums are
+  among those `m^2` candidates (`knn <= n^2`). Returns `(scores [N, H, knn],
+  value_ids [N, H, knn])` with value id `j * n + i`.
+  """
+  n = scores_a_nhs.shape[-1]
+  m = min(knn, n)
+  top_a, ids_a = jax.lax.top_k(scores_a_nhs, m)
+  top_b, ids_b = jax.lax.top_k(scores_b_nhs, m)
+  cand_nhmm = top_b[..., :, None] + top_a[..., None, :]
+  tokens, heads = cand_nhmm.shape[:2]
+  scores, flat = jax.lax.top_k(cand_nhmm.reshape(tokens, heads, m * m), knn)
+  chosen_b = jnp.take_along_axis(ids_b, flat // m, axis=-1)
+  chosen_a = jnp.take_along_axis(ids_a, flat % m, axis=-1)
+  return scores, chosen_b * n + chosen_a
+
+
+class PKM(nnx.Module):
+  """`y = sum_{heads, knn} act(score) * values[id]`; FF contract `y, aux = pkm(x)`.
+
+  `activation="relu"` is the paper's non-competitive choice; `"softmax"` is Lample's, taken
+  jointly over heads x knn. `init="dense"` is "PKM + init" (Table 5): sub-keys and values
+  initialised like the dense baseline's W1 and W2 (d_ff = number of values); `"lample"` uses
+  uniform sub-keys in `+-1/sqrt(d_model / 2)` and values `N(0, 1/d_model)`.
+  """
+
+  def __init__(self, d_model: int, n_subkeys: int, knn: int, *, n_layers: int,
+               n_heads: int = 4, activation: str = "relu", init: str = "lample",
+               rngs: nnx.Rngs):
+    if d_model % 2 or activation not in ACTIVATIONS or init not in INITS:
+      raise ValueError(f"PKM needs an even d_model, activation in {ACTIVATIONS}, init in "
+                       f"{INITS}; got {d_model}, {activation!r}, {init!r}.")
+    self.d_model, self.n_subkeys, self.knn, self.n_heads = d_model, n_subkeys, knn, n_heads
+    self.activation = activation
+    half, n_values = d_model // 2, n_subkeys ** 2
+    key_shape = (n_heads, 2, n_subkeys, half)
+    if init == "dense":
+      keys = initializers.normal(initializers.depth_scaled_std(d_model, n_layers))(
+          rngs.params(), key_shape)
+      value_std = initializers.depth_scaled_std(n_values, n_layers)
+    else:
+      bound = half ** -0.5
+      keys = jax.random.uniform(rngs.params(), key_shape, minval=-bound, maxval=bound)
+      value_std = d_model ** -0.5
+    self.sub_keys = nnx.Param(keys)
+    self.values = nnx.Param(initializers.normal(value_std)(rngs.params(), (n_values, d_model)))
+
+  def __call__(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+    dtype = x.dtype
+    x_nd = x.reshape(-1, self.d_model)
+    half = self.d_model // 2
+    keys = self.sub_keys[...].astype(dtype)
+    scores_a = jnp.einsum("nd,hsd->nhs", x_nd[:, :half], keys[:, 0],
+                          preferred_element_type=jnp.float32)
+    scores_b = jnp.einsum("nd,hsd->nhs", x_nd[:, half:], keys[:, 1],
+                          preferred_element_type=jnp.float32)
+    scores_nhk, ids_nhk = product_key_topk(scores_a, scores_b, self.knn)
+    if self.activation == "relu":
+      weights_nhk = jax.nn.relu(scores_nhk)
+    else:
+      n = scores_nhk.shape[0]
+      weights_nhk = jax.nn.softmax(scores_nhk.reshape(n, -1), axis=-1).reshape(
+          scores_nhk.shape)
+    values_nhkd = jnp.take(self.values[...].astype(dtype), ids_nhk, axis=0)
+    y_nd = jnp.einsum("nhk,nhkd->nd", weights_nhk.astype(dtype), values_nhkd)
+    usage = jnp.zeros((self.n_subkeys ** 2,), jnp.int32).at[ids_nhk].add(1)
+    return y_nd.reshape(x.shape), {"reg_loss": jnp.zeros((), jnp.float32),
+                                   "value_usage": usage}
+
+  def flops_per_token(self) -> int:
+    """Sub-key scores of both halves for every head, then `knn` values per head."""
+    return self.n_heads * (self.n_subkeys * self.d_model + self.knn * self.d_model)

@@ -1,0 +1,68 @@
+"""What every router returns, and the pieces several routers share."""
+
+import math
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from sparse_jax.layers import initializers
+
+
+@flax.struct.dataclass
+class Routing:
+  """A router's decision for N tokens.
+
+  Attributes:
+    sel_nk: `[N, k]` int32 expert ids.
+    gates_nk: `[N, k]` float32 weights of the experts' outputs (0 drops a slot).
+    reg_loss: scalar regulariser, already multiplied by the router's coefficient.
+  """
+
+  sel_nk: jax.Array
+  gates_nk: jax.Array
+  reg_loss: jax.Array
+
+
+def equal_norm_rows(key: jax.Array, shape: tuple[int, int], std: float) -> jax.Array:
+  """`[E, d]` selector init of sigma-MoE Sec. 5: rows of equal norm, whole matrix at `std`.
+
+  N(0, 1) rows are scaled to unit norm, then the matrix is rescaled to have standard
+  deviation `std`, so initial scores depend only on the angle between x and each row.
+  """
+  w = jax.random.normal(key, shape)
+  w = w / jnp.linalg.norm(w, axis=1, keepdims=True)
+  return w * (std / jnp.std(w))
+
+
+def selector_logits(x_nd: jax.Array, w_ed: jax.Array) -> jax.Array:
+  """`x W3^T` in float32: `[N, d] x [E, d] -> [N, E]`."""
+  return jnp.einsum("nd,ed->ne", x_nd, w_ed.astype(x_nd.dtype),
+                    preferred_element_type=jnp.float32)
+
+
+def entropy_regularizer(logits_ne: jax.Array) -> jax.Array:
+  """sigma-MoE Eq. 20: `sum_e p[e] log p[e]`, `p` the batch mean of `softmax(logits)`.
+
+  The mean is taken in log space (logsumexp over tokens minus log N) for stability.
+  """
+  n = logits_ne.shape[0]
+  logp_ne = jax.nn.log_softmax(logits_ne.astype(jnp.float32), axis=-1)
+  log_mean_e = jax.nn.logsumexp(logp_ne, axis=0) - math.log(n)
+  return jnp.sum(jnp.exp(log_mean_e) * log_mean_e)
+
+
+def usage_counts(sel_nk: jax.Array, gates_nk: jax.Array, n_experts: int) -> jax.Array:
+  """`[E]` how many token slots each expert processes (slots with gate 0 do not count)."""
+  active = (gates_nk != 0).astype(jnp.int32)
+  return jnp.zeros((n_experts,), jnp.int32).at[sel_nk].add(active)
+
+
+def gather_gates(scores_ne: jax.Array, sel_nk: jax.Array) -> jax.Array:
+  return jnp.take_along_axis(scores_ne, sel_nk, axis=-1)
+
+
+def selector_param(rngs, n_experts: int, d_model: int, n_layers: int):
+  """The `[E, d_model]` selector `W3` with the sigma-MoE init (std of `W1`)."""
+  std = initializers.depth_scaled_std(d_model, n_layers)
+  return equal_norm_rows(rngs.params(), (n_experts, d_model), std)

@@ -1,0 +1,36 @@
+"""sigma-MoE routing (Sec. 5): sigmoid scores, expert dropout, top-k, entropy regulariser."""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from sparse_jax.layers.routers import routing
+
+
+class SigmaRouter(nnx.Module):
+  """`s = sigmoid(x W3^T)`; top-k of s picks the experts and s weights them (Eq. 11).
+
+  Expert dropout (Eq. 22): in training, each (token, expert) score is set to -inf before the
+  top-k with probability `expert_dropout`, removing whole experts for that token with no
+  rescaling. The regulariser is Eq. 20 on the raw selector logits, times `reg_coef`.
+  """
+
+  def __init__(self, d_model: int, n_experts: int, k: int, *, n_layers: int,
+               expert_dropout: float = 0.0, reg_coef: float = 0.0, rngs: nnx.Rngs):
+    self.n_experts, self.k = n_experts, k
+    self.expert_dropout, self.reg_coef = expert_dropout, reg_coef
+    self.w_sel = nnx.Param(routing.selector_param(rngs, n_experts, d_model, n_layers))
+    self.deterministic = False
+    self.rngs = rngs["routing"].fork()
+
+  def __call__(self, x_nd: jax.Array) -> routing.Routing:
+    logits_ne = routing.selector_logits(x_nd, self.w_sel[...])
+    scores_ne = jax.nn.sigmoid(logits_ne)
+    candidates_ne = scores_ne
+    if self.expert_dropout > 0 and not self.deterministic:
+      dropped_ne = jax.random.bernoulli(self.rngs(), self.expert_dropout, scores_ne.shape)
+      candidates_ne = jnp.where(dropped_ne, -jnp.inf, scores_ne)
+    _, sel_nk = jax.lax.top_k(candidates_ne, self.k)
+    gates_nk = routing.gather_gates(scores_ne, sel_nk)
+    reg = self.reg_coef * routing.entropy_regularizer(logits_ne)
+    return routing.Routing(sel_nk.astype(jnp.int32), gates_nk, reg)
