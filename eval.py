@@ -8,7 +8,7 @@ written to WORKDIR/eval_<split>_<step>.json.
 
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 
 from sparse_jax.training.evaluate_checkpoint import NoCheckpointError, evaluate_checkpoint
 
@@ -22,6 +22,7 @@ _MAX_BATCHES = flags.DEFINE_integer("max_batches", None,
 
 def main(argv):
   del argv
+  logging.set_verbosity(logging.WARNING)
   try:
     results, path = evaluate_checkpoint(_WORKDIR.value, step=_STEP.value, split=_SPLIT.value,
                                         max_batches=_MAX_BATCHES.value)

@@ -34,7 +34,7 @@ def stdlib_slice(tmp_path_factory) -> str:
 
 @pytest.fixture
 def tiny_config(stdlib_slice, tmp_path):
-  """The default config shrunk to a model and data that train in seconds."""
+  """The default config (a sigma-MoE LM) shrunk to a model and data that train in seconds."""
   from configs import default
 
   config = default.get_config()
@@ -43,7 +43,7 @@ def tiny_config(stdlib_slice, tmp_path):
   config.data.batch_size = 4
   config.data.seq_len = 16
   config.model.update(d_model=32, n_layers=2, n_heads=2, mem_len=16, dropout=0.1)
-  config.model.ff.d_ff = 64
+  config.model.ff.update(n_experts=4, expert_size=16, k=2, expert_dropout=0.1)
   config.train.update(steps=6, warmup_steps=2, log_every=1, eval_every=100, ckpt_every=3)
   config.eval.update(batch_size=2, mem_len=32, max_batches=4)
   return config

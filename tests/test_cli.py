@@ -22,7 +22,8 @@ def test_train_then_eval_from_the_command_line(stdlib_slice, tmp_path):
       f"--config.data.source_root={stdlib_slice}", f"--config.data.data_dir={tmp_path / 'tfds'}",
       "--config.data.batch_size=2", "--config.data.seq_len=16", "--config.model.d_model=16",
       "--config.model.n_layers=1", "--config.model.n_heads=2", "--config.model.mem_len=16",
-      "--config.model.ff.d_ff=32", "--config.train.steps=4", "--config.train.warmup_steps=1",
+      "--config.model.ff.n_experts=4", "--config.model.ff.expert_size=8",
+      "--config.train.steps=4", "--config.train.warmup_steps=1",
       "--config.train.log_every=2", "--config.train.ckpt_every=4", "--config.eval.batch_size=2",
       "--config.eval.mem_len=32", "--config.eval.max_batches=2"]
   trained = run(["train.py", "--config=configs/default.py", f"--workdir={workdir}", *overrides])

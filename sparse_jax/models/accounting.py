@@ -6,23 +6,19 @@ allocates nothing.
 
 import copy
 
-import jax
 import ml_collections
 from flax import nnx
 
+from sparse_jax.layers.counting import count_params
 from sparse_jax.layers.registry import build_ff
 from sparse_jax.models.lm import TransformerLM
-
-
-def _param_count(module: nnx.Module) -> int:
-  return sum(x.size for x in jax.tree.leaves(nnx.state(module, nnx.Param)))
 
 
 def ff_layer_stats(model_cfg: ml_collections.ConfigDict) -> dict[str, int]:
   """Parameters and multiply-adds per token of one FF layer of `model_cfg`."""
   ff = nnx.eval_shape(lambda: build_ff(model_cfg.ff, d_model=model_cfg.d_model,
                                        n_layers=model_cfg.n_layers, rngs=nnx.Rngs(0)))
-  return {"params": _param_count(ff), "flops_per_token": ff.flops_per_token()}
+  return {"params": count_params(ff), "flops_per_token": ff.flops_per_token()}
 
 
 def matched_dense_d_ff(model_cfg: ml_collections.ConfigDict) -> int:
@@ -49,7 +45,7 @@ def model_report(model_cfg: ml_collections.ConfigDict) -> dict[str, float]:
   lm = nnx.eval_shape(lambda: TransformerLM(model_cfg, rngs=nnx.Rngs(0)))
   ff = ff_layer_stats(model_cfg)
   dense_flops = 2 * model_cfg.d_model * matched_dense_d_ff(model_cfg)
-  return {"total_params": _param_count(lm),
+  return {"total_params": count_params(lm),
           "ff_params_per_layer": ff["params"],
           "ff_flops_per_token": ff["flops_per_token"],
           "matched_dense_d_ff": matched_dense_d_ff(model_cfg),

@@ -54,66 +54,101 @@ class _Window:
     return mean
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Trains `config` in `workdir` (resuming if it holds checkpoints); returns final metrics."""
-  validate_config(config)
-  batch, seq_len, steps = config.data.batch_size, config.data.seq_len, config.train.steps
-  unit = data.spec(config.data).unit
-  train_tokens = data.load_tokens(config.data, "train")
-  valid = data.load_split(config.data, "validation")
-  model = build_model(config)
-  optimizer = nnx.Optimizer(model, make_optimizer(config.train), wrt=nnx.Param)
-  data_iterator = data.train_iterator(train_tokens, batch, seq_len)
-  memory = model.init_memory(batch)
-  checkpointer = Checkpointer(workdir, max_to_keep=config.train.keep_checkpoints)
-  start = checkpointer.latest_step() or 0
-  if start:
-    print(f"Resuming from the checkpoint of step {start} in {workdir}.")
-    memory = checkpointer.restore(start, model=model, optimizer=optimizer, memory=memory,
-                                  data_iterator=data_iterator)
-  evaluator = make_evaluator(config, model)
-  writer = MetricsWriter(workdir)
-  lr = learning_rate_schedule(config.train)
-  graphdef, state = nnx.split((model, optimizer))
-  train_step = make_train_step(graphdef, config.seed)
+class _Run:
+  """A training run's objects: model, optimiser, jitted state, memory, data, outputs."""
 
-  def sync_to_modules():
-    nnx.update((model, optimizer), state)
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+    self.config, self.workdir = config, workdir
+    batch, seq_len = config.data.batch_size, config.data.seq_len
+    self.tokens_per_step = batch * seq_len
+    self.unit = data.spec(config.data).unit
+    self.valid = data.load_split(config.data, "validation")
+    self.data_iterator = data.train_iterator(data.load_tokens(config.data, "train"), batch,
+                                             seq_len)
+    self.model = build_model(config)
+    self.optimizer = nnx.Optimizer(self.model, make_optimizer(config.train), wrt=nnx.Param)
+    self.memory = self.model.init_memory(batch)
+    self.checkpointer = Checkpointer(workdir, max_to_keep=config.train.keep_checkpoints)
+    self.start = self.checkpointer.latest_step() or 0
+    if self.start:
+      print(f"Resuming from the checkpoint of step {self.start} in {workdir}.")
+      self.memory = self.checkpointer.restore(
+          self.start, model=self.model, optimizer=self.optimizer, memory=self.memory,
+          data_iterator=self.data_iterator)
+    self.evaluator = make_evaluator(config, self.model)
+    self.writer = MetricsWriter(workdir)
+    self.lr = learning_rate_schedule(config.train)
+    self.graphdef, self.state = nnx.split((self.model, self.optimizer))
+    self.train_step = make_train_step(self.graphdef, config.seed)
 
-  def evaluate(step: int, max_batches) -> dict[str, float]:
-    sync_to_modules()
-    metrics = evaluator(model, valid.tokens, max_batches=max_batches,
-                        words_per_token=valid.words_per_token)
-    writer.write(step, "validation", metrics)
+  def step(self, step: int) -> dict[str, jax.Array]:
+    """Runs training step `step` (0-based); returns its metrics, still on device."""
+    self.state, self.memory, metrics = self.train_step(
+        self.state, self.memory, next(self.data_iterator), step)
     return metrics
 
-  window = _Window(start)
-  step = start
+  def log(self, step: int, window: _Window) -> dict[str, float]:
+    logged = window.flush(self.tokens_per_step)
+    logged.update(unit_metric(logged["ce"], self.unit), lr=float(self.lr(step - 1)))
+    self.writer.write(step, "train", logged)
+    return logged
+
+  def _sync_to_modules(self) -> None:
+    """Puts the jitted step's current state back into the model and optimiser objects."""
+    nnx.update((self.model, self.optimizer), self.state)
+
+  def evaluate(self, step: int) -> dict[str, float]:
+    self._sync_to_modules()
+    metrics = self.evaluator(self.model, self.valid.tokens,
+                             max_batches=self.config.eval.max_batches,
+                             words_per_token=self.valid.words_per_token)
+    self.writer.write(step, "validation", metrics)
+    return metrics
+
+  def save(self, step: int) -> None:
+    self._sync_to_modules()
+    self.checkpointer.save(step, model=self.model, optimizer=self.optimizer,
+                           memory=self.memory, data_iterator=self.data_iterator,
+                           config=self.config)
+
+  def close(self) -> None:
+    """Waits for checkpoint writes to finish, then closes the outputs."""
+    self.checkpointer.wait()
+    self.checkpointer.close()
+    self.writer.close()
+
+
+def _format(metrics: dict[str, float]) -> str:
+  return ", ".join(f"{k}={v:.4g}" for k, v in metrics.items())
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Trains `config` in `workdir` (resuming if it holds checkpoints); returns final metrics.
+
+  Logs every `train.log_every` steps, evaluates every `train.eval_every` steps and at the
+  end, checkpoints every `train.ckpt_every` steps, at the end and on SIGTERM/SIGINT.
+  """
+  validate_config(config)
+  train_cfg = config.train
+  run = _Run(config, workdir)
+  step, window = run.start, _Window(run.start)
   try:
-    with StopRequest() as stop, tqdm(initial=start, total=steps, desc="train") as bar:
-      while step < steps and not stop.requested:
-        state, memory, metrics = train_step(state, memory, next(data_iterator), step)
-        window.metrics.append(metrics)
+    with StopRequest() as stop, tqdm(initial=step, total=train_cfg.steps, desc="train") as bar:
+      while step < train_cfg.steps and not stop.requested:
+        window.metrics.append(run.step(step))
         step += 1
         bar.update(1)
-        at_ckpt = step % config.train.ckpt_every == 0 or step == steps or stop.requested
-        if step % config.train.log_every == 0 or at_ckpt:
-          logged = window.flush(batch * seq_len)
-          logged.update(unit_metric(logged["ce"], unit), lr=float(lr(step - 1)))
-          writer.write(step, "train", logged)
-          bar.set_postfix(loss=f"{logged['loss']:.3f}")
+        at_ckpt = step % train_cfg.ckpt_every == 0 or step == train_cfg.steps or stop.requested
+        if step % train_cfg.log_every == 0 or at_ckpt:
+          bar.set_postfix(loss=f"{run.log(step, window)['loss']:.3f}")
           window = _Window(step)
-        if step % config.train.eval_every == 0 and step < steps:
-          bar.write(f"step {step}: validation {evaluate(step, config.eval.max_batches)}")
+        if step % train_cfg.eval_every == 0 and step < train_cfg.steps:
+          bar.write(f"step {step} validation: {_format(run.evaluate(step))}")
         if at_ckpt:
-          sync_to_modules()
-          checkpointer.save(step, model=model, optimizer=optimizer, memory=memory,
-                            data_iterator=data_iterator, config=config)
+          run.save(step)
     if stop.requested:
       logging.warning("Stopped at step %d; checkpoint saved in %s.", step, workdir)
       return {"step": step, "interrupted": 1.0}
-    return {"step": step, **evaluate(step, config.eval.max_batches)}
+    return {"step": step, **run.evaluate(step)}
   finally:
-    checkpointer.wait()
-    checkpointer.close()
-    writer.close()
+    run.close()

@@ -75,3 +75,10 @@ def test_topk_ff_keeps_exactly_k_units_and_matches_numpy():
   hidden = layer.activation(jnp.asarray(pre, jnp.float32))
   assert np.all(np.count_nonzero(np.asarray(hidden), axis=-1) == k)
   assert layer.flops_per_token() == d * d_ff + k * d
+
+
+def test_dense_and_topk_parameter_counts_are_the_closed_form():
+  d, d_ff = 10, 48
+  layer = TopKFF(d, d_ff, 4, n_layers=2, rngs=nnx.Rngs(0))
+  assert sum(p.size for p in jax.tree.leaves(nnx.state(layer, nnx.Param))) == (
+      2 * d * d_ff + d_ff + d)

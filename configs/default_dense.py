@@ -1,0 +1,8 @@
+"""The dense twin of `configs/default.py`: the same model with the matched dense FF."""
+
+from configs import default
+from sparse_jax.models.accounting import matched_dense_config
+
+
+def get_config():
+  return matched_dense_config(default.get_config())
