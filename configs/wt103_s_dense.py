@@ -9,6 +9,8 @@ or set `data.source_dir` to the extracted `wikitext-103-raw/`, or let the first 
 import ml_collections
 from ml_collections import config_dict
 
+from configs import paper_training
+
 
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
@@ -37,18 +39,5 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.dtype = "float32"
   config.model.ff = ml_collections.ConfigDict({"kind": "dense", "d_ff": 2053, "dropout": 0.1})
 
-  config.train = ml_collections.ConfigDict()
-  config.train.steps = 100_000
-  config.train.lr = 2.5e-4
-  config.train.warmup_steps = 0  # Table 6: no warmup; cosine decay to 0 at train.steps.
-  config.train.grad_clip = 0.25
-  config.train.log_every = 100
-  config.train.eval_every = 10_000
-  config.train.ckpt_every = 1000
-  config.train.keep_checkpoints = 2
-
-  config.eval = ml_collections.ConfigDict()
-  config.eval.batch_size = 64
-  config.eval.mem_len = 4 * config.data.seq_len  # the paper evaluates with 4x the context.
-  config.eval.max_batches = config_dict.placeholder(int)  # None: the whole split.
+  paper_training.paper_train_and_eval(config)  # Table 6: no warmup.
   return config

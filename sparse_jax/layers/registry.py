@@ -15,6 +15,7 @@ from sparse_jax import validation
 from sparse_jax.layers import moe, pkm
 from sparse_jax.layers.dense_ff import DenseFF
 from sparse_jax.layers.routers import NoisyTopKRouter, SBaseRouter, SoftmaxRouter, SwitchRouter
+from sparse_jax.layers.sparse_ff import SparseFF
 from sparse_jax.layers.topk_ff import TopKFF
 
 FFBuilder = Callable[..., nnx.Module]
@@ -164,3 +165,22 @@ def _build_softmax_moe(ff, *, d_model, n_layers, rngs):
                          reg_coef=fields["reg_coef"], rngs=rngs)
   return _routed_moe(ff, router, d_model=d_model, n_layers=n_layers, default_init="sigma",
                      rngs=rngs)
+
+
+@register_ff("sparse_ff")
+def _build_sparse_ff(ff, *, d_model, n_layers, rngs):
+  validation.require_positive_int(ff.get("d_ff"), "model.ff.d_ff")
+  block = ff.get("block_size")
+  validation.require(isinstance(block, int) and block > 0 and ff.d_ff % block == 0,
+                     "model.ff.block_size", f"a positive divisor of model.ff.d_ff={ff.d_ff}",
+                     block)
+  d_lowrank = ff.get("d_lowrank") or ff.d_ff // block  # Trax's default.
+  validation.require_positive_int(d_lowrank, "model.ff.d_lowrank")
+  temperature = ff.get("temperature", 0.1)
+  validation.require(isinstance(temperature, (int, float)) and temperature > 0,
+                     "model.ff.temperature", "a positive number", temperature)
+  quant_prob = ff.get("quant_prob", 0.3)
+  validation.require(isinstance(quant_prob, (int, float)) and 0 <= quant_prob <= 1,
+                     "model.ff.quant_prob", "in [0, 1]", quant_prob)
+  return SparseFF(d_model, ff.d_ff, block, d_lowrank, n_layers=n_layers,
+                  temperature=float(temperature), quant_prob=float(quant_prob), rngs=rngs)

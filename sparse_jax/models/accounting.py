@@ -11,6 +11,7 @@ from flax import nnx
 
 from sparse_jax.layers.counting import count_params
 from sparse_jax.layers.registry import build_ff
+from sparse_jax.models.blocks import build_attention
 from sparse_jax.models.lm import TransformerLM
 
 
@@ -50,3 +51,27 @@ def model_report(model_cfg: ml_collections.ConfigDict) -> dict[str, float]:
           "ff_flops_per_token": ff["flops_per_token"],
           "matched_dense_d_ff": matched_dense_d_ff(model_cfg),
           "ff_flops_percent_of_dense": 100.0 * ff["flops_per_token"] / dense_flops}
+
+
+def attention_params(model_cfg: ml_collections.ConfigDict) -> int:
+  """Parameters of one attention layer of `model_cfg` (its `model.attention` kind)."""
+  return count_params(nnx.eval_shape(lambda: build_attention(model_cfg, nnx.Rngs(0))))
+
+
+def match_block_params(model_cfg: ml_collections.ConfigDict, target: int,
+                       step: int = 1) -> int:
+  """The largest `model.ff.d_ff` (a multiple of `step`) whose attention + FF parameters per
+  block do not exceed `target`: how the Scaling Transformers keep the parameter count when
+  their sparse QKV frees attention parameters (Sec. 3.2)."""
+  budget = target - attention_params(model_cfg)
+
+  def ff_params(d_ff: int) -> int:
+    cfg = copy.deepcopy(model_cfg)
+    cfg.ff.d_ff = d_ff
+    return ff_layer_stats(cfg)["params"]
+
+  lo, hi = 1, max(1, budget // max(1, model_cfg.d_model) // step)
+  while lo < hi:
+    mid = (lo + hi + 1) // 2
+    lo, hi = (mid, hi) if ff_params(mid * step) <= budget else (lo, mid - 1)
+  return lo * step

@@ -22,6 +22,7 @@ FF_CONFIGS = {
     "noisy_topk": dict(n_experts=4, expert_size=16, k=2, reg_coef=0.01),
     "sbase": dict(n_experts=4, expert_size=16, k=2, reg_coef=0.001),
     "softmax_moe": dict(n_experts=4, expert_size=16, k=2, renorm=True, reg_coef=0.001),
+    "sparse_ff": dict(d_ff=64, block_size=8, quant_prob=1.0),
 }
 
 
@@ -64,3 +65,28 @@ def test_matched_dense_reproduces_the_papers_wt_s_baseline():
   assert abs(sparse["total_params"] - dense["total_params"]) < 0.01 * dense["total_params"]
   assert sparse["total_params"] == pytest.approx(47e6, rel=0.02)  # the paper's "47M"
   assert sparse["ff_flops_percent_of_dense"] == pytest.approx(25.3, abs=0.1)
+
+
+@pytest.mark.parametrize("attention,extra", [("causal", dict(positions="sinusoidal")),
+                                             ("sparse_qkv", dict(loss_sparsity=4))])
+def test_one_training_step_for_each_attention_kind(attention, extra):
+  cfg = lm_config("sparse_ff")
+  cfg.update(attention=attention, **extra)
+  model = TransformerLM(cfg, rngs=make_rngs(0))
+  optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+  graphdef, state = nnx.split((model, optimizer))
+  tokens = jax.random.randint(jax.random.key(2), (2, 7), 0, 40)
+  _, memory, metrics = make_train_step(graphdef, seed=0)(
+      state, model.init_memory(2), {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}, 0)
+  assert np.isfinite(float(metrics["loss"])) and float(metrics["grad_norm"]) > 0
+  assert memory.mem_len == 0  # only XL attention carries memory
+
+
+def test_scaling_transformer_configs_keep_the_parameter_count():
+  from configs import scaling_small
+
+  dense = model_report(scaling_small.get_config("dense").model)["total_params"]
+  for variant in scaling_small.VARIANTS[1:]:
+    config = scaling_small.get_config(variant)
+    assert abs(model_report(config.model)["total_params"] - dense) < 0.04 * dense, variant
+  assert scaling_small.get_config("qkv").model.ff.d_ff > 1024  # d_ff raised, as in the paper

@@ -1,0 +1,46 @@
+"""Autoregressive generation with a `TransformerLM`'s decode cache."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _step(graphdef, state, cache, tokens_b1, key, temperature):
+  """Feeds one token; returns the sampled next token `[B, 1]` and the new cache."""
+  lm = nnx.merge(graphdef, state)
+  lm.eval()
+  logits_b1v, cache = lm.decode_step(tokens_b1, cache)
+  logits_bv = logits_b1v[:, 0].astype(jnp.float32)
+  greedy_b = jnp.argmax(logits_bv, axis=-1)
+  sampled_b = jax.random.categorical(key, logits_bv / jnp.maximum(temperature, 1e-6))
+  next_b = jnp.where(temperature > 0, sampled_b, greedy_b).astype(tokens_b1.dtype)
+  return next_b[:, None], cache
+
+
+def generate(lm: nnx.Module, prompt_bt: jax.Array, n_tokens: int, *,
+             temperature: float = 1.0, rng: jax.Array | None = None) -> jax.Array:
+  """Continues `prompt_bt` by `n_tokens` tokens; returns `[B, T + n_tokens]`.
+
+  The prompt is fed one token at a time through `lm.decode_step` (the cache holds
+  `T + n_tokens` positions); each new token is sampled from `softmax(logits / temperature)`,
+  or taken greedily with `temperature=0`. Runs in evaluation mode (no dropout, no routing
+  noise) without changing `lm` itself.
+  """
+  batch, t = prompt_bt.shape
+  if t < 1 or n_tokens < 0:
+    raise ValueError(f"generate needs a non-empty prompt and n_tokens >= 0; got prompt shape "
+                     f"{prompt_bt.shape}, n_tokens={n_tokens}.")
+  rng = jax.random.key(0) if rng is None else rng
+  graphdef, state = nnx.split(lm)
+  cache = lm.init_cache(batch, t + n_tokens)
+  temperature = jnp.asarray(temperature, jnp.float32)
+  tokens = [prompt_bt[:, i:i + 1] for i in range(t)]
+  for i in range(t + n_tokens - 1):
+    next_b1, cache = _step(graphdef, state, cache, tokens[i], jax.random.fold_in(rng, i),
+                           temperature)
+    if i + 1 >= t:
+      tokens.append(next_b1)
+  return jnp.concatenate(tokens, axis=1)

@@ -1,0 +1,118 @@
+"""Standard causal multi-head self-attention: the dense baseline of Scaling Transformers.
+
+Sec. 1 of the paper counts a decoded token's attention cost as four dense `d_model x d_model`
+matrices (Q, K, V and output); Sec. 3.2 replaces them with the sparse QKV layer. This module is
+the dense side of that comparison:
+
+    q, k, v = x W_q, x W_k, x W_v       (per head, no biases; q, k optionally rotary)
+    out = concat_h softmax(q k^T / sqrt(Dh) + causal mask) v,   y = out W_o.
+
+Decoding keeps every past key and value in a cache `[B, max_len, H, Dh]`, so one token costs the
+four projections plus one attention row. The helpers `attend`, `init_kv_cache` and
+`attend_cached` are shared with the sparse QKV attention, which differs only in its projections.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from sparse_jax.layers import initializers
+from sparse_jax.layers.rotary import apply_rotary
+
+
+def causal_mask(t: int) -> jax.Array:
+  """`[T, T]` bool: query i sees keys j <= i."""
+  return jnp.tril(jnp.ones((t, t), dtype=bool))
+
+
+def attend(q_bthc: jax.Array, k_bkhc: jax.Array, v_bkhc: jax.Array, mask_tk: jax.Array,
+           dropout: nnx.Dropout) -> jax.Array:
+  """Scaled dot-product attention of T queries over K keys where `mask_tk` allows; `[B,T,H,C]`.
+
+  Scores and softmax are float32 whatever the input dtype; dropout acts on the probabilities.
+  """
+  dtype = q_bthc.dtype
+  scores_bhtk = jnp.einsum("bthc,bkhc->bhtk", q_bthc, k_bkhc, preferred_element_type=jnp.float32)
+  scores_bhtk = jnp.where(mask_tk, scores_bhtk / math.sqrt(q_bthc.shape[-1]), -1e30)
+  probs_bhtk = dropout(jax.nn.softmax(scores_bhtk, axis=-1)).astype(dtype)
+  return jnp.einsum("bhtk,bkhc->bthc", probs_bhtk, v_bkhc.astype(dtype))
+
+
+def init_kv_cache(batch: int, max_len: int, n_heads: int, head_dim: int,
+                  dtype) -> dict[str, jax.Array]:
+  """Zero key and value caches, each `[B, max_len, H, Dh]`."""
+  shape = (batch, max_len, n_heads, head_dim)
+  return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+
+
+def attend_cached(q_b1hc: jax.Array, k_b1hc: jax.Array, v_b1hc: jax.Array, cache: dict,
+                  position: jax.Array, dropout: nnx.Dropout) -> tuple[jax.Array, dict]:
+  """Writes the new key and value at `position`, then attends to cache rows `<= position`.
+
+  Other entries of `cache` pass through unchanged.
+  """
+  start = (0, position, 0, 0)
+  k_cache = jax.lax.dynamic_update_slice(cache["k"], k_b1hc.astype(cache["k"].dtype), start)
+  v_cache = jax.lax.dynamic_update_slice(cache["v"], v_b1hc.astype(cache["v"].dtype), start)
+  mask_1k = (jnp.arange(k_cache.shape[1]) <= position)[None, :]
+  out_b1hc = attend(q_b1hc, k_cache, v_cache, mask_1k, dropout)
+  return out_b1hc, {**cache, "k": k_cache, "v": v_cache}
+
+
+def check_rotary_dim(rotary: bool, head_dim: int) -> None:
+  """Rotary rotates channel pairs, so it needs an even head dimension."""
+  if rotary and head_dim % 2:
+    raise ValueError(f"rotary position embedding needs an even head_dim, got {head_dim}.")
+
+
+class CausalSelfAttention(nnx.Module):
+  """Dense Q, K, V `[d_model, H, Dh]` and output `[H, Dh, d_model]`; causal; KV-cache decoding."""
+
+  def __init__(self, d_model: int, n_heads: int, head_dim: int, *, n_layers: int,
+               attn_dropout: float = 0.0, rotary: bool = True, rngs: nnx.Rngs):
+    check_rotary_dim(rotary, head_dim)
+    self.d_model, self.n_heads, self.head_dim, self.rotary = d_model, n_heads, head_dim, rotary
+    in_init = initializers.normal(initializers.depth_scaled_std(d_model, n_layers))
+    out_init = initializers.normal(initializers.depth_scaled_std(n_heads * head_dim, n_layers))
+    self.w_q = nnx.Param(in_init(rngs.params(), (d_model, n_heads, head_dim)))
+    self.w_k = nnx.Param(in_init(rngs.params(), (d_model, n_heads, head_dim)))
+    self.w_v = nnx.Param(in_init(rngs.params(), (d_model, n_heads, head_dim)))
+    self.w_o = nnx.Param(out_init(rngs.params(), (n_heads, head_dim, d_model)))
+    self.attn_dropout = nnx.Dropout(attn_dropout, rngs=rngs)
+
+  def project_qkv(self, x_btd: jax.Array, positions_t: jax.Array):
+    """`[B, T, d_model]` at absolute positions `[T]` -> q, k, v `[B, T, H, Dh]` (q, k rotated)."""
+    dtype = x_btd.dtype
+    q_bthc = jnp.einsum("btd,dhc->bthc", x_btd, self.w_q[...].astype(dtype))
+    k_bthc = jnp.einsum("btd,dhc->bthc", x_btd, self.w_k[...].astype(dtype))
+    v_bthc = jnp.einsum("btd,dhc->bthc", x_btd, self.w_v[...].astype(dtype))
+    if self.rotary:
+      q_bthc, k_bthc = apply_rotary(q_bthc, positions_t), apply_rotary(k_bthc, positions_t)
+    return q_bthc, k_bthc, v_bthc
+
+  def project_out(self, out_bthc: jax.Array) -> jax.Array:
+    return jnp.einsum("bthc,hcd->btd", out_bthc, self.w_o[...].astype(out_bthc.dtype))
+
+  def __call__(self, x_btd: jax.Array) -> jax.Array:
+    """Causal self-attention over the sequence, `[B, T, d_model] -> [B, T, d_model]`."""
+    t = x_btd.shape[1]
+    q_bthc, k_bthc, v_bthc = self.project_qkv(x_btd, jnp.arange(t))
+    return self.project_out(attend(q_bthc, k_bthc, v_bthc, causal_mask(t), self.attn_dropout))
+
+  def init_cache(self, batch: int, max_len: int, dtype) -> dict[str, jax.Array]:
+    return init_kv_cache(batch, max_len, self.n_heads, self.head_dim, dtype)
+
+  def decode(self, x_b1d: jax.Array, cache: dict, position: jax.Array) -> tuple[jax.Array, dict]:
+    """One token at absolute `position` (int32 scalar, < max_len): `y [B, 1, d_model]`, cache."""
+    q_b1hc, k_b1hc, v_b1hc = self.project_qkv(x_b1d, jnp.reshape(position, (1,)))
+    out_b1hc, cache = attend_cached(q_b1hc, k_b1hc, v_b1hc, cache, position, self.attn_dropout)
+    return self.project_out(out_b1hc), cache
+
+  def flops_per_token(self) -> int:
+    """Multiply-adds of the Q, K, V and output projections for one token: `4 d_model H Dh`.
+
+    Excludes the attention itself (`2 H Dh` per visible key) and the rotary rotation.
+    """
+    return 4 * self.d_model * self.n_heads * self.head_dim

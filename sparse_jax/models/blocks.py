@@ -1,0 +1,82 @@
+"""The pre-LN decoder block shared by every attention kind, for training and decoding.
+
+`h + Drop(Attn(LN(h)))` then `h + Drop(FF(LN(h)))`. The attention is chosen by
+`model.attention`:
+
+- `xl`: Transformer-XL relative attention over `[memory; segment]` (memory = the block's
+  inputs from previous segments);
+- `causal`: standard causal attention with dense Q, K, V and output (KV cache when decoding);
+- `sparse_qkv`: Scaling Transformers' multiplicative + convolutional Q, K, V without an
+  output layer (Sec. 3.2).
+"""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from sparse_jax.layers.causal_attention import CausalSelfAttention
+from sparse_jax.layers.registry import build_ff
+from sparse_jax.layers.sparse_qkv_attention import SparseQKVAttention
+from sparse_jax.layers.xl_attention import RelativeMultiHeadAttention
+
+ATTENTION_KINDS = ("xl", "causal", "sparse_qkv")
+POSITIONS = ("rotary", "sinusoidal")
+
+
+def head_dim_of(cfg: ml_collections.ConfigDict) -> int:
+  """`model.head_dim`, defaulting to `d_model // n_heads`."""
+  return cfg.get("head_dim") or cfg.d_model // cfg.n_heads
+
+
+def build_attention(cfg: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
+  kind = cfg.get("attention", "xl")
+  dropout = cfg.get("attn_dropout", 0.0)
+  rotary = cfg.get("positions", "rotary") == "rotary"
+  if kind == "xl":
+    return RelativeMultiHeadAttention(cfg.d_model, cfg.n_heads, head_dim_of(cfg),
+                                      n_layers=cfg.n_layers, attn_dropout=dropout, rngs=rngs)
+  if kind == "causal":
+    return CausalSelfAttention(cfg.d_model, cfg.n_heads, head_dim_of(cfg),
+                               n_layers=cfg.n_layers, attn_dropout=dropout, rotary=rotary,
+                               rngs=rngs)
+  return SparseQKVAttention(cfg.d_model, cfg.n_heads, n_layers=cfg.n_layers,
+                            attn_dropout=dropout, rotary=rotary, rngs=rngs)
+
+
+class DecoderBlock(nnx.Module):
+  """One pre-LN block: the attention of `model.attention`, then the FF slot."""
+
+  def __init__(self, cfg: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
+    d = cfg.d_model
+    self.is_xl = cfg.get("attention", "xl") == "xl"
+    self.attn_norm = nnx.LayerNorm(d, rngs=rngs)
+    self.attn = build_attention(cfg, rngs)
+    self.ff_norm = nnx.LayerNorm(d, rngs=rngs)
+    self.ff = build_ff(cfg.ff, d_model=d, n_layers=cfg.n_layers, rngs=rngs)
+    self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
+
+  def _feed_forward(self, h_btd, *, decoding: bool):
+    """The FF sublayer; when decoding, the FF's sparse `decode` path if it has one."""
+    x_btd = self.ff_norm(h_btd)
+    if decoding and hasattr(self.ff, "decode"):
+      y_btd, aux = self.ff.decode(x_btd), {"reg_loss": jnp.zeros((), jnp.float32)}
+    else:
+      y_btd, aux = self.ff(x_btd)
+    return h_btd + self.dropout(y_btd), aux
+
+  def __call__(self, h_btd, mem_bmd, mem_valid, *, decoding: bool = False):
+    """A segment `[B, T, d]`; `mem_bmd`/`mem_valid` are used by XL attention only."""
+    if self.is_xl:
+      t = h_btd.shape[1]
+      ctx_bkd = jnp.concatenate([mem_bmd.astype(h_btd.dtype), h_btd], axis=1)
+      attended = self.attn(self.attn_norm(ctx_bkd), t, mem_valid)
+    else:
+      attended = self.attn(self.attn_norm(h_btd))
+    return self._feed_forward(h_btd + self.dropout(attended), decoding=decoding)
+
+  def decode(self, h_b1d: jax.Array, cache: dict, position: jax.Array):
+    """One token of a non-XL block from its attention cache: `(h, cache)`."""
+    attended, cache = self.attn.decode(self.attn_norm(h_b1d), cache, position)
+    h_b1d, _ = self._feed_forward(h_b1d + self.dropout(attended), decoding=True)
+    return h_b1d, cache

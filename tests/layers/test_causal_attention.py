@@ -1,0 +1,120 @@
+"""Standard causal self-attention and rotary positions against naive float64 numpy."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from sparse_jax.layers.causal_attention import CausalSelfAttention
+from sparse_jax.layers.counting import count_params
+from sparse_jax.layers.rotary import apply_rotary
+
+D, H, C, T, B = 8, 2, 4, 6, 2
+
+
+def naive_rotary(x_c: np.ndarray, position: int) -> np.ndarray:
+  """Rotates channel pair (j, j + C/2) by `position * 10000^(-2j/C)`, one pair at a time."""
+  half = len(x_c) // 2
+  out = x_c.copy()
+  for j in range(half):
+    theta = position * 10000.0 ** (-2.0 * j / len(x_c))
+    out[j] = x_c[j] * np.cos(theta) - x_c[j + half] * np.sin(theta)
+    out[j + half] = x_c[j + half] * np.cos(theta) + x_c[j] * np.sin(theta)
+  return out
+
+
+def naive_causal_attention(p: dict, x_td: np.ndarray, rotary: bool) -> np.ndarray:
+  """Vaswani et al. causal attention, one query, head and key at a time, in float64."""
+  rot = naive_rotary if rotary else (lambda v, _: v)
+  out = np.zeros_like(x_td)
+  for i in range(len(x_td)):
+    for h in range(H):
+      q = rot(x_td[i] @ p["w_q"][:, h], i)
+      scores = np.array([q @ rot(x_td[j] @ p["w_k"][:, h], j) / np.sqrt(C) for j in range(i + 1)])
+      w = np.exp(scores - scores.max())
+      w /= w.sum()
+      head = sum(w[j] * (x_td[j] @ p["w_v"][:, h]) for j in range(i + 1))
+      out[i] += head @ p["w_o"][h]
+  return out
+
+
+def make_attention(rotary: bool = True, attn_dropout: float = 0.0) -> CausalSelfAttention:
+  return CausalSelfAttention(D, H, C, n_layers=2, attn_dropout=attn_dropout, rotary=rotary,
+                             rngs=nnx.Rngs(0))
+
+
+def random_x(seed: int, t: int = T) -> jax.Array:
+  return jnp.asarray(np.random.default_rng(seed).normal(size=(B, t, D)), jnp.float32)
+
+
+def decode_all(attn, x_btd: jax.Array, max_len: int) -> jax.Array:
+  """Decodes the tokens one by one from an empty cache with one jitted step."""
+  graphdef, state = nnx.split(attn)
+
+  @jax.jit
+  def step(state, x_b1d, cache, position):
+    return nnx.merge(graphdef, state).decode(x_b1d, cache, position)
+
+  cache = attn.init_cache(x_btd.shape[0], max_len, jnp.float32)
+  ys = []
+  for t in range(x_btd.shape[1]):
+    y_b1d, cache = step(state, x_btd[:, t:t + 1], cache, jnp.int32(t))
+    ys.append(y_b1d)
+  return jnp.concatenate(ys, axis=1)
+
+
+@pytest.mark.parametrize("rotary", [True, False])
+def test_matches_naive_float64(rotary):
+  attn = make_attention(rotary)
+  x = random_x(1)
+  p = {k: np.asarray(v, np.float64)
+       for k, v in nnx.to_pure_dict(nnx.state(attn, nnx.Param)).items()}
+  got = np.asarray(attn(x))
+  for b in range(B):
+    want = naive_causal_attention(p, np.asarray(x[b], np.float64), rotary)
+    np.testing.assert_allclose(got[b], want, rtol=1e-4, atol=1e-5)
+
+
+def test_future_tokens_never_change_the_past():
+  attn = make_attention()
+  x = random_x(2)
+  t = 2
+  x_changed = x.at[:, t + 1:].set(random_x(3)[:, t + 1:])
+  y, y_changed = np.asarray(attn(x)), np.asarray(attn(x_changed))
+  np.testing.assert_allclose(y_changed[:, :t + 1], y[:, :t + 1], atol=1e-6)
+  assert np.abs(y_changed[:, t + 1:] - y[:, t + 1:]).max() > 1e-3
+
+
+def test_decode_step_by_step_matches_full_forward():
+  attn = make_attention(attn_dropout=0.5)
+  attn.eval()
+  x = random_x(4)
+  # max_len > T: unwritten cache rows must stay invisible.
+  np.testing.assert_allclose(decode_all(attn, x, max_len=T + 3), attn(x), rtol=1e-5, atol=1e-5)
+
+
+def test_parameter_count_and_flops_closed_forms():
+  attn = make_attention()
+  assert count_params(attn) == 4 * D * H * C
+  assert attn.flops_per_token() == 4 * D * H * C
+
+
+def test_rotary_scores_depend_only_on_position_difference():
+  rng = np.random.default_rng(5)
+  q = jnp.asarray(rng.normal(size=(1, 1, 1, 8)), jnp.float32)
+  k = jnp.asarray(rng.normal(size=(1, 1, 1, 8)), jnp.float32)
+
+  def score(p_q: int, p_k: int) -> float:
+    q_rot = apply_rotary(q, jnp.array([p_q]))
+    k_rot = apply_rotary(k, jnp.array([p_k]))
+    return float(jnp.sum(q_rot * k_rot))
+
+  for d in (0, 1, 5):
+    np.testing.assert_allclose(score(3, 3 + d), score(40, 40 + d), rtol=1e-4, atol=1e-5)
+  assert abs(score(3, 4) - score(3, 6)) > 1e-3  # it does depend on the difference
+
+
+def test_rotary_needs_even_head_dim():
+  with pytest.raises(ValueError, match="even head_dim"):
+    CausalSelfAttention(D, H, 3, n_layers=1, rngs=nnx.Rngs(0))
