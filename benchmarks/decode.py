@@ -1,6 +1,6 @@
 """Unbatched decoding speed: dense vs Scaling Transformers' sparse layers (paper Table 1).
 
-    python -m benchmarks.decode [--d_model=1024] [--layers=4] [--out=benchmarks/decode_cpu.json]
+    python benchmarks/decode.py [--d_model=1024] [--layers=4] [--out=benchmarks/decode_cpu.json]
 
 Times one decoded token (batch 1, a KV cache of `--context` positions) for one decoder block
 and for a small whole model, for the dense block (causal attention, d_ff 4096), SparseFF
