@@ -20,7 +20,7 @@ from sparse_jax import validation
 from sparse_jax.layers import initializers
 from sparse_jax.layers.multiplicative_dense import MultiplicativeDense
 from sparse_jax.layers.xl_attention import sinusoid_embedding
-from sparse_jax.models.blocks import ATTENTION_KINDS, POSITIONS, DecoderBlock, head_dim_of
+from sparse_jax.models.blocks import ATTENTION_KINDS, POSITIONS, DecoderBlock
 from sparse_jax.models.xl_memory import XLMemory
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}

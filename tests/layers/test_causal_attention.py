@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from attention_testing import decode_all
 from sparse_jax.layers.causal_attention import CausalSelfAttention
 from sparse_jax.layers.counting import count_params
 from sparse_jax.layers.rotary import apply_rotary
@@ -46,22 +47,6 @@ def make_attention(rotary: bool = True, attn_dropout: float = 0.0) -> CausalSelf
 
 def random_x(seed: int, t: int = T) -> jax.Array:
   return jnp.asarray(np.random.default_rng(seed).normal(size=(B, t, D)), jnp.float32)
-
-
-def decode_all(attn, x_btd: jax.Array, max_len: int) -> jax.Array:
-  """Decodes the tokens one by one from an empty cache with one jitted step."""
-  graphdef, state = nnx.split(attn)
-
-  @jax.jit
-  def step(state, x_b1d, cache, position):
-    return nnx.merge(graphdef, state).decode(x_b1d, cache, position)
-
-  cache = attn.init_cache(x_btd.shape[0], max_len, jnp.float32)
-  ys = []
-  for t in range(x_btd.shape[1]):
-    y_b1d, cache = step(state, x_btd[:, t:t + 1], cache, jnp.int32(t))
-    ys.append(y_b1d)
-  return jnp.concatenate(ys, axis=1)
 
 
 @pytest.mark.parametrize("rotary", [True, False])

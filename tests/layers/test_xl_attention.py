@@ -1,6 +1,5 @@
 """Transformer-XL relative attention against a naive float64 numpy implementation."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pallas_kernels import cvmm
-from cvmm_testing import CASES, IMPLS, TOL, assert_close, make_inputs, oracle, oracle_vjp
+from cvmm_testing import CASES, IMPLS, assert_close, make_inputs, oracle, oracle_vjp
 
 
 def _vjp(x, sel, w, gates, cotangent, impl):

@@ -1,6 +1,5 @@
 """cvmm forward values of every impl against the float64 numpy oracle, and input checks."""
 
-import functools
 
 import jax
 import jax.numpy as jnp
