@@ -6,8 +6,6 @@ whose first S columns are the inputs and last S the targets, so the memory carri
 t - 1 holds the real preceding text of each stream.
 """
 
-from typing import Iterator
-
 import grain
 import numpy as np
 
@@ -46,8 +44,8 @@ def train_iterator(tokens: np.ndarray, batch_size: int, seq_len: int) -> grain.D
 
 
 def eval_batches(tokens: np.ndarray, batch_size: int, seq_len: int,
-                 max_batches: int | None = None) -> Iterator[dict[str, np.ndarray]]:
-  """One pass over the segments in order (the first `max_batches` if given)."""
+                 max_batches: int | None = None) -> list[dict[str, np.ndarray]]:
+  """The segments of one pass in order (the first `max_batches` if given)."""
   source = StreamSegments(tokens, batch_size, seq_len)
   n = len(source) if max_batches is None else min(len(source), max_batches)
-  return (source[t] for t in range(n))
+  return [source[t] for t in range(n)]

@@ -45,18 +45,17 @@ def build_ff(ff: ml_collections.ConfigDict, *, d_model: int, n_layers: int,
   return _FF_BUILDERS[ff.kind](ff, d_model=d_model, n_layers=n_layers, rngs=rngs)
 
 
-@register_ff("dense")
-def _build_dense(ff, *, d_model, n_layers, rngs):
-  validation.require_positive_int(ff.get("d_ff"), "model.ff.d_ff")
-  dropout = ff.get("dropout", 0.0)
-  validation.require_probability(dropout, "model.ff.dropout")
-  return DenseFF(d_model, ff.d_ff, n_layers=n_layers, dropout=dropout, rngs=rngs)
-
-
 def _dropout_field(ff, name: str) -> float:
   value = ff.get(name, 0.0)
   validation.require_probability(value, f"model.ff.{name}")
   return value
+
+
+@register_ff("dense")
+def _build_dense(ff, *, d_model, n_layers, rngs):
+  validation.require_positive_int(ff.get("d_ff"), "model.ff.d_ff")
+  return DenseFF(d_model, ff.d_ff, n_layers=n_layers, dropout=_dropout_field(ff, "dropout"),
+                 rngs=rngs)
 
 
 @register_ff("topk")

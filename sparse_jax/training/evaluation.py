@@ -7,7 +7,7 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
-from sparse_jax.data.lm_stream import StreamSegments
+from sparse_jax.data.lm_stream import eval_batches
 from sparse_jax.training.steps import make_eval_step
 
 
@@ -51,13 +51,12 @@ class Evaluator:
 
     `words_per_token` adds the per-word perplexity (see `lm_metrics`).
     """
-    segments = StreamSegments(tokens, self._batch_size, self._seq_len)
-    n = len(segments) if max_batches is None else min(len(segments), max_batches)
+    batches = eval_batches(tokens, self._batch_size, self._seq_len, max_batches)
     state = nnx.state(model)
     memory = model.init_memory(self._batch_size, self._mem_len)
     nll_sum, n_tokens = 0.0, 0.0
-    for t in tqdm(range(n), desc="eval", disable=not progress, leave=False):
-      memory, batch_nll, batch_tokens = self._step(state, memory, segments[t])
+    for batch in tqdm(batches, desc="eval", disable=not progress, leave=False):
+      memory, batch_nll, batch_tokens = self._step(state, memory, batch)
       nll_sum, n_tokens = nll_sum + batch_nll, n_tokens + batch_tokens
     nll_sum, n_tokens = jax.device_get((nll_sum, n_tokens))
     return lm_metrics(float(nll_sum), float(n_tokens), self._unit, words_per_token)
