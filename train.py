@@ -3,24 +3,45 @@
   python train.py                                  # configs/default.py into runs/default
   python train.py --config=configs/X.py --workdir=runs/x --config.train.steps=100
   python train.py --config=configs/X.py --print_params   # parameters and % FF FLOPs
+  python train.py --config.mesh.fsdp=2 --config.mesh.expert=4   # a device mesh
+  python train.py --coordinator_address=host0:1234 --num_processes=2 --process_id=0  # multi-host
 
 Re-running with the same workdir resumes from its latest checkpoint.
 """
 
+import os
 import sys
 
+import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from sparse_jax.models.accounting import model_report
-from sparse_jax.training import train_and_evaluate
+from sparse_jax.training import distributed, train_and_evaluate
 from sparse_jax.validation import ConfigError
+
+
+def _env_int(name: str) -> int | None:
+  return int(os.environ[name]) if name in os.environ else None
+
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py",
                                           "Experiment config file (get_config()).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/<config name>).")
 _PRINT_PARAMS = flags.DEFINE_bool(
     "print_params", False, "Print the model's parameter and FF FLOP counts, then exit.")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", os.environ.get("JAX_COORDINATOR_ADDRESS"),
+    "Multi-process job: host:port of process 0 (env JAX_COORDINATOR_ADDRESS).")
+_NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", _env_int("JAX_NUM_PROCESSES"),
+    "Multi-process job: number of processes (env JAX_NUM_PROCESSES).")
+_PROCESS_ID = flags.DEFINE_integer(
+    "process_id", _env_int("JAX_PROCESS_ID"),
+    "Multi-process job: this process's index (env JAX_PROCESS_ID).")
+_DISTRIBUTED = flags.DEFINE_bool(
+    "distributed", False,
+    "Join a multi-process job that JAX detects itself (SLURM, Open MPI, Kubernetes, TPU).")
 
 
 def default_workdir(config_path: str) -> str:
@@ -33,6 +54,8 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
   try:
+    distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                           auto=_DISTRIBUTED.value)
     if _PRINT_PARAMS.value:
       for name, value in model_report(_CONFIG.value.model).items():
         print(f"{name}: {value:,.1f}" if isinstance(value, float) else f"{name}: {value:,d}")
@@ -40,7 +63,8 @@ def main(argv):
     final = train_and_evaluate(_CONFIG.value, workdir)
   except ConfigError as e:
     sys.exit(f"train.py: {e}")
-  print(f"final ({workdir}): " + ", ".join(f"{k}={v:.4g}" for k, v in final.items()))
+  if jax.process_index() == 0:
+    print(f"final ({workdir}): " + ", ".join(f"{k}={v:.4g}" for k, v in final.items()))
 
 
 if __name__ == "__main__":

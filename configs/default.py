@@ -45,6 +45,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.ckpt_every = 200
   config.train.keep_checkpoints = 2
 
+  # Sizes of the (data, fsdp, expert) device mesh; -1 takes all remaining devices
+  # (README "Scaling out").
+  config.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "expert": 1})
+
   config.eval = ml_collections.ConfigDict()
   config.eval.batch_size = 16
   config.eval.mem_len = 4 * config.data.seq_len  # the paper evaluates with 4x the context.

@@ -6,7 +6,8 @@ from ml_collections import config_dict
 
 def paper_train_and_eval(config: ml_collections.ConfigDict, *, warmup_steps: int = 0) -> None:
   """Adam at 2.5e-4 with cosine decay to 0 over 100k steps, clip 0.25; evaluation with 4x
-  the training context as memory (App. B). Sets `config.train` and `config.eval`."""
+  the training context as memory (App. B); every device data-parallel unless overridden
+  (README "Scaling out"). Sets `config.train`, `config.eval` and `config.mesh`."""
   config.train = ml_collections.ConfigDict({
       "steps": 100_000, "lr": 2.5e-4, "warmup_steps": warmup_steps, "grad_clip": 0.25,
       "log_every": 100, "eval_every": 10_000, "ckpt_every": 1000, "keep_checkpoints": 2})
@@ -14,3 +15,4 @@ def paper_train_and_eval(config: ml_collections.ConfigDict, *, warmup_steps: int
   config.eval.batch_size = config.data.batch_size
   config.eval.mem_len = 4 * config.data.seq_len
   config.eval.max_batches = config_dict.placeholder(int)  # None: the whole split.
+  config.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "expert": 1})

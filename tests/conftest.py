@@ -8,6 +8,8 @@ import pytest
 
 # Compile time dominates small JAX tests; these tests check semantics, not XLA's optimiser.
 jax.config.update("jax_disable_most_optimizations", True)
+# Eight simulated CPU devices for the mesh tests; everything else runs on the first one.
+jax.config.update("jax_num_cpu_devices", 8)
 
 _FILES_PER_SPLIT = {"train": 12, "validation": 3, "test": 3}
 _MAX_FILE_BYTES = 20_000
@@ -46,4 +48,5 @@ def tiny_config(stdlib_slice, tmp_path):
   config.model.ff.update(n_experts=4, expert_size=16, k=2, expert_dropout=0.1)
   config.train.update(steps=6, warmup_steps=2, log_every=1, eval_every=100, ckpt_every=3)
   config.eval.update(batch_size=2, mem_len=32, max_batches=4)
+  config.mesh.data = 1  # one device; tests/training/test_parallel_training.py uses meshes.
   return config

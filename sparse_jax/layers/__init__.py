@@ -1,5 +1,6 @@
 """Layers of sparse_jax. Feed-forward layers follow the contract `y, aux = layer(x)`."""
 
+from sparse_jax.layers.adapters import BottleneckAdapter
 from sparse_jax.layers.causal_attention import CausalSelfAttention
 from sparse_jax.layers.counting import count_params
 from sparse_jax.layers.dense_ff import DenseFF
@@ -8,10 +9,11 @@ from sparse_jax.layers.multiplicative_dense import MultiplicativeDense
 from sparse_jax.layers.pkm import PKM
 from sparse_jax.layers.registry import build_ff, ff_kinds, register_ff
 from sparse_jax.layers.sparse_ff import SparseFF
+from sparse_jax.layers.spartan import SpartanMemory
 from sparse_jax.layers.sparse_qkv_attention import SparseQKVAttention
 from sparse_jax.layers.topk_ff import TopKFF
 from sparse_jax.layers.xl_attention import RelativeMultiHeadAttention
 
-__all__ = ["CausalSelfAttention", "DenseFF", "MoE", "MultiplicativeDense", "PKM",
-           "RelativeMultiHeadAttention", "SigmaMoE", "SparseFF", "SparseQKVAttention", "TopKFF",
-           "build_ff", "count_params", "ff_kinds", "register_ff"]
+__all__ = ["BottleneckAdapter", "CausalSelfAttention", "DenseFF", "MoE", "MultiplicativeDense",
+           "PKM", "RelativeMultiHeadAttention", "SigmaMoE", "SparseFF", "SparseQKVAttention",
+           "SpartanMemory", "TopKFF", "build_ff", "count_params", "ff_kinds", "register_ff"]

@@ -7,6 +7,9 @@ All variants share the expert computation of Eq. 11,
 run as two grouped matmuls (`pallas_kernels.cvmm`): the up projection with k slots per token
 and the gated down projection. They differ only in their router (`sparse_jax.layers.routers`),
 which picks the experts `E_x`, their weights `s[e]` and the regulariser.
+
+Under a mesh with an `expert` axis the experts are split over it
+(`sparse_jax.layers.expert_parallel`); the router still sees the whole batch.
 """
 
 import math
@@ -15,8 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-import pallas_kernels
-from sparse_jax.layers import initializers
+from sparse_jax.layers import expert_parallel, initializers
 from sparse_jax.layers.routers import SigmaRouter
 from sparse_jax.layers.routers.routing import usage_counts
 
@@ -43,6 +45,8 @@ class MoE(nnx.Module):
 
   FF contract: `y, aux = moe(x)` with `x, y: [..., d_model]`; `aux["reg_loss"]` is the
   router's scaled regulariser and `aux["expert_usage"]` the `[E]` slot count per expert.
+  In training (`deterministic=False`, toggled by `train()`/`eval()`) the expert hidden units
+  drop out with probability `expert_hidden_dropout`, drawn from a fork of the `dropout` stream.
   """
 
   def __init__(self, d_model: int, n_experts: int, expert_size: int, router: nnx.Module, *,
@@ -58,16 +62,19 @@ class MoE(nnx.Module):
     self.w_down = nnx.Param(initializers.normal(std_down)(rngs.params(),
                                                           (n_experts, expert_size, d_model)))
     self.router = router
-    self.hidden_dropout = nnx.Dropout(expert_hidden_dropout, rngs=rngs)
+    self.expert_hidden_dropout = expert_hidden_dropout
+    self.deterministic = False
+    self.rngs = rngs["dropout"].fork()
 
   def __call__(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
     x_nd = x.reshape(-1, self.d_model)
     r = self.router(x_nd)
     dtype = x.dtype
-    h_nkg = pallas_kernels.cvmm(x_nd, r.sel_nk, self.w_up[...].astype(dtype), impl=self.impl)
-    h_nkg = self.hidden_dropout(jax.nn.relu(h_nkg))
-    y_nd = pallas_kernels.cvmm(h_nkg, r.sel_nk, self.w_down[...].astype(dtype),
-                               r.gates_nk.astype(dtype), impl=self.impl)
+    dropout = self.expert_hidden_dropout > 0 and not self.deterministic
+    y_nd = expert_parallel.apply_experts(
+        x_nd, r.sel_nk, r.gates_nk.astype(dtype), self.w_up[...].astype(dtype),
+        self.w_down[...].astype(dtype), impl=self.impl, dropout_rate=self.expert_hidden_dropout,
+        dropout_key=self.rngs() if dropout else None)
     aux = {"reg_loss": r.reg_loss.astype(jnp.float32),
            "expert_usage": usage_counts(r.sel_nk, r.gates_nk, self.n_experts)}
     return y_nd.reshape(x.shape), aux

@@ -3,8 +3,9 @@
 import json
 import os
 
-from sparse_jax import data
+from sparse_jax import data, parallel
 from sparse_jax.training.checkpointing import Checkpointer, checkpoint_dir
+from sparse_jax.training.placement import Placement
 from sparse_jax.training.trainer import build_model, make_evaluator
 
 
@@ -16,7 +17,8 @@ def evaluate_checkpoint(workdir: str, *, step: int | None = None, split: str = "
                         max_batches: int | None = None) -> tuple[dict, str]:
   """Restores `workdir`'s checkpoint `step` (default latest) and evaluates `split`.
 
-  The memory length is the saved config's `eval.mem_len`. Token (SentencePiece) datasets
+  The model is restored sharded onto the mesh of the saved config's `mesh` section over this
+  job's devices. The memory length is the saved config's `eval.mem_len`. Token (SentencePiece) datasets
   report perplexity per token and per word. Returns the metrics and the path of the JSON
   file they were written to.
   """
@@ -31,12 +33,13 @@ def evaluate_checkpoint(workdir: str, *, step: int | None = None, split: str = "
       raise NoCheckpointError(f"no checkpoint of step {step} in {checkpoint_dir(workdir)}; "
                               f"available steps: {sorted(steps)}.")
     config = checkpointer.restore_config(step)
-    model = build_model(config)
+    placement = Placement(parallel.mesh_from_config(config.get("mesh", {})))
+    model = placement.create(lambda: build_model(config))
     checkpointer.restore_params(step, model)
   finally:
     checkpointer.close()
   loaded = data.load_split(config.data, split)
-  metrics = make_evaluator(config, model)(model, loaded.tokens, max_batches=max_batches,
+  metrics = make_evaluator(config, model, placement)(model, loaded.tokens, max_batches=max_batches,
                                           words_per_token=loaded.words_per_token)
   results = {"step": step, "split": split, "mem_len": config.eval.mem_len, **metrics}
   path = os.path.join(workdir, f"eval_{split}_{step}.json")

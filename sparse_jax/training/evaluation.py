@@ -7,7 +7,9 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
+from sparse_jax import parallel
 from sparse_jax.data.lm_stream import eval_batches
+from sparse_jax.training.placement import Placement
 from sparse_jax.training.steps import make_eval_step
 
 
@@ -35,10 +37,16 @@ def lm_metrics(nll_sum: float, n_tokens: float, unit: str,
 
 
 class Evaluator:
-  """Evaluates models of one architecture on token arrays; compiles its step once."""
+  """Evaluates models of one architecture on token arrays; compiles its step once.
+
+  On `placement`'s mesh (default: the first device) each process reads only its own streams
+  of every segment; all processes get the same metrics.
+  """
 
   def __init__(self, model: nnx.Module, *, batch_size: int, seq_len: int, mem_len: int,
-               unit: str):
+               unit: str, placement: Placement | None = None):
+    self._placement = placement or Placement(parallel.make_mesh((1, 1, 1), jax.devices()[:1]))
+    self._placement.check_batch(batch_size, "eval.batch_size")
     self._graphdef = nnx.graphdef(model)
     self._step = make_eval_step(self._graphdef)
     self._batch_size, self._seq_len, self._mem_len, self._unit = (
@@ -51,12 +59,17 @@ class Evaluator:
 
     `words_per_token` adds the per-word perplexity (see `lm_metrics`).
     """
-    batches = eval_batches(tokens, self._batch_size, self._seq_len, max_batches)
+    placement, batch_size = self._placement, self._batch_size
+    batches = eval_batches(tokens, batch_size, self._seq_len, max_batches,
+                           placement.data_shard(batch_size))
     state = nnx.state(model)
-    memory = model.init_memory(self._batch_size, self._mem_len)
+    memory = placement.create_memory(lambda: model.init_memory(batch_size, self._mem_len))
     nll_sum, n_tokens = 0.0, 0.0
-    for batch in tqdm(batches, desc="eval", disable=not progress, leave=False):
-      memory, batch_nll, batch_tokens = self._step(state, memory, batch)
-      nll_sum, n_tokens = nll_sum + batch_nll, n_tokens + batch_tokens
+    progress = progress and jax.process_index() == 0
+    with jax.set_mesh(placement.mesh):
+      for batch in tqdm(batches, desc="eval", disable=not progress, leave=False):
+        memory, batch_nll, batch_tokens = self._step(
+            state, memory, placement.global_batch(batch, batch_size))
+        nll_sum, n_tokens = nll_sum + batch_nll, n_tokens + batch_tokens
     nll_sum, n_tokens = jax.device_get((nll_sum, n_tokens))
     return lm_metrics(float(nll_sum), float(n_tokens), self._unit, words_per_token)

@@ -30,15 +30,16 @@ def cross_entropy(logits_btv: jax.Array, targets_bt: jax.Array) -> tuple[jax.Arr
   return nll_bt.sum(), jnp.asarray(nll_bt.size, jnp.float32)
 
 
-def make_train_step(graphdef: nnx.GraphDef, seed: int):
+def make_train_step(graphdef: nnx.GraphDef, seed: int, out_shardings=None):
   """Returns `step(state, memory, batch, step_index) -> (state, memory, metrics)`.
 
   `state` is `nnx.split((model, optimizer))[1]`; it and the memory are donated. The loss is
-  the mean cross-entropy plus the model's `aux["reg_loss"]`.
+  the mean cross-entropy plus the model's `aux["reg_loss"]`. On a mesh, `out_shardings`
+  (state's, memory's, the metrics') keeps the new state where the old one was.
   """
   base_key = jax.random.key(seed)
 
-  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  @functools.partial(jax.jit, donate_argnums=(0, 1), out_shardings=out_shardings)
   def train_step(state, memory: XLMemory, batch, step_index):
     model, optimizer = nnx.merge(graphdef, state)
     model.train()

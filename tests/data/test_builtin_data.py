@@ -3,6 +3,7 @@
 import os
 import shutil
 
+import grain
 import ml_collections
 import numpy as np
 import pytest
@@ -100,6 +101,21 @@ def test_stream_segments_are_contiguous_per_stream():
       np.testing.assert_array_equal(batch["targets"][i], tokens[start + 1:start + s + 1])
   assert len(list(eval_batches(tokens, b, s))) == len(segments)
   assert len(list(eval_batches(tokens, b, s, max_batches=3))) == 3
+
+
+def test_process_shards_hold_their_block_of_streams():
+  """Each process's shard is its block of rows of every segment; together they are the
+  unsharded batch, whatever the number of shards."""
+  tokens = np.random.default_rng(2).integers(0, 256, size=1003).astype(np.uint8)
+  whole = eval_batches(tokens, 8, 10)
+  for count in (2, 4):
+    shards = [eval_batches(tokens, 8, 10, shard=grain.sharding.ShardOptions(i, count))
+              for i in range(count)]
+    for t, batch in enumerate(whole):
+      np.testing.assert_array_equal(
+          np.concatenate([shard[t]["inputs"] for shard in shards]), batch["inputs"])
+  with pytest.raises(ValueError, match="3 equal shards"):
+    StreamSegments(tokens, 8, 10, grain.sharding.ShardOptions(0, 3))
 
 
 def test_train_iterator_state_round_trips_and_repeats():

@@ -164,6 +164,7 @@ def test_e8_config_trains_and_evaluates_on_a_prepared_copy(source, tmp_path):
   config.model.ff.d_ff = 64
   config.train.update(steps=4, log_every=2, ckpt_every=4, eval_every=100)
   config.eval.update(batch_size=2, mem_len=64, max_batches=3)
+  config.mesh.update(data=1, fsdp=2)  # two-way FSDP on the simulated devices
   workdir = str(tmp_path / "run")
   final = trainer.train_and_evaluate(config, workdir)
   assert final["step"] == 4 and np.isfinite(final["bits_per_byte"])

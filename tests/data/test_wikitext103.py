@@ -133,6 +133,7 @@ def test_wt_s_config_trains_and_reports_token_and_word_perplexity(manual_dir, tm
   config.model.ff.d_ff = 64
   config.train.update(steps=4, log_every=2, ckpt_every=4, eval_every=100)
   config.eval.update(batch_size=2, mem_len=64, max_batches=None)
+  config.mesh.data = 2  # two-way data parallel on the simulated devices
   workdir = str(tmp_path / "run")
   final = trainer.train_and_evaluate(config, workdir)
   assert final["step"] == 4 and np.isfinite(final["perplexity"])

@@ -8,16 +8,11 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from training_testing import patch_step, train_losses
 
 from sparse_jax.training import Checkpointer, build_model, trainer
 from sparse_jax.training.evaluate_checkpoint import NoCheckpointError, evaluate_checkpoint
 from sparse_jax.validation import ConfigError
-
-
-def train_losses(workdir) -> dict[int, float]:
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    records = [json.loads(line) for line in f]
-  return {r["step"]: r["loss"] for r in records if r["split"] == "train"}
 
 
 def saved_params(workdir, config):
@@ -26,21 +21,6 @@ def saved_params(workdir, config):
   checkpointer.restore_params(checkpointer.latest_step(), model)
   checkpointer.close()
   return nnx.to_pure_dict(nnx.state(model, nnx.Param))
-
-
-def patch_step(monkeypatch, after_step):
-  """Wraps the jitted train step; `after_step(step_index, outputs)` may alter its outputs."""
-  real = trainer.make_train_step
-
-  def patched(graphdef, seed):
-    step_fn = real(graphdef, seed)
-
-    def wrapped(state, memory, batch, step_index):
-      return after_step(step_index, step_fn(state, memory, batch, step_index))
-
-    return wrapped
-
-  monkeypatch.setattr(trainer, "make_train_step", patched)
 
 
 def test_a_few_dozen_steps_lower_the_loss(tiny_config, tmp_path):

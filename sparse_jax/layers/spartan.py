@@ -1,0 +1,116 @@
+"""SPARTAN sparse hierarchical memory (Deshpande et al. 2022, Sec. 3, Eq. 1-3).
+
+A memory shared by all positions, added after a Transformer layer whose backbone stays frozen.
+Each position `v` attends over `N_p` parent cells, keeps the top-K parents (Eq. 1), reads each
+kept parent's `N_c` exclusive children as a key-value memory (Eq. 2), and adds the parents'
+renormalised mixture of those reads back to `v` (Eq. 3). Only the K kept parents' children
+are gathered, never all `N_p * N_c`: that sparsity is what the paper's speed claim rests on.
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from sparse_jax import validation
+from sparse_jax.layers import initializers
+
+REFERENCE_TEMPERATURE = 1.6  # princeton-nlp/SPARTAN divides child logits by this; Eq. 2 has none.
+
+
+def _compute_dtype(dtype) -> jnp.dtype:
+  """Scores and softmaxes in at least float32 (float64 stays float64 for gradient checks)."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
+def select_parents(x_nd: jax.Array, parents_pd: jax.Array, top_k: int):
+  """Eq. 1 and Eq. 3's renormalisation: `(g [N, K], parent ids [N, K])`.
+
+  `softmax(P v)` restricted to its top-K entries and divided by their sum `Z` equals the
+  softmax of the K largest logits, which is what is computed (no underflow of small `g`).
+  """
+  logits_np = jnp.einsum("nd,pd->np", x_nd, parents_pd,
+                         preferred_element_type=_compute_dtype(x_nd.dtype))
+  top_logits_nk, ids_nk = jax.lax.top_k(logits_np, top_k)
+  return jax.nn.softmax(top_logits_nk, axis=-1), ids_nk
+
+
+def gather_children(child_keys_pcd: jax.Array, child_values_pcd: jax.Array,
+                    ids_nk: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The children of the chosen parents only: keys and values `[N, K, N_c, d]` (one take each)."""
+  return jnp.take(child_keys_pcd, ids_nk, axis=0), jnp.take(child_values_pcd, ids_nk, axis=0)
+
+
+def spartan_memory(x_nd: jax.Array, parents_pd: jax.Array, child_keys_pcd: jax.Array,
+                   child_values_pcd: jax.Array, *, top_k: int, temperature: float = 1.0):
+  """Eq. 1-3 for rows `x [N, d]`: returns `(x + v_O [N, d], parent ids [N, K])`.
+
+  Eq. 2 per kept parent i: `v_i = C_i^V^T softmax(C_i^K v / temperature)`; Eq. 3:
+  `v_O = sum_i g_i v_i` with the renormalised `g` of `select_parents`.
+  """
+  dtype = x_nd.dtype
+  g_nk, ids_nk = select_parents(x_nd, parents_pd.astype(dtype), top_k)
+  keys_nkcd, values_nkcd = gather_children(child_keys_pcd.astype(dtype),
+                                           child_values_pcd.astype(dtype), ids_nk)
+  child_logits_nkc = jnp.einsum("nd,nkcd->nkc", x_nd, keys_nkcd,
+                                preferred_element_type=_compute_dtype(dtype))
+  child_attn_nkc = jax.nn.softmax(child_logits_nkc / temperature, axis=-1)
+  weights_nkc = (g_nk[..., None] * child_attn_nkc).astype(dtype)
+  v_out_nd = jnp.einsum("nkc,nkcd->nd", weights_nkc, values_nkcd)
+  return x_nd + v_out_nd, ids_nk
+
+
+def spartan_params(d_model: int, n_parents: int, n_children: int, n_layers: int = 1) -> int:
+  """Trainable scalars of Sec. 3's memory: `(N_p + 2 N_p N_c) d` per layer (P, C^K, C^V).
+
+  App. E's storage formula counts `2 (N_p + N_p N_c) d` per layer instead (1.18M for
+  RoBERTa-base, which is what its 133.62M total implies, and Pfeiffer's `2 d b` at b = 64).
+  """
+  return (n_parents + 2 * n_parents * n_children) * d_model * n_layers
+
+
+class SpartanMemory(nnx.Module):
+  """The SPARTAN memory as a block: `y, aux = memory(x)`, `y = x + v_O` (Eq. 1-3).
+
+  Parameters, parent axis first so the chosen parents' children are one take:
+  `parents [N_p, d]`, `child_keys [N_p, N_c, d]`, `child_values [N_p, N_c, d]`; in all
+  `(N_p + 2 N_p N_c) d` scalars (`spartan_params`; App. E's formula differs, see there).
+
+  Initialisation: neither the paper nor the public reference README states one, so all three
+  tensors are `N(0, init_std^2)` with `init_std = 0.02` (RoBERTa's `initializer_range`). Then
+  routing is near uniform and `v_O`, a convex mixture of `K N_c` small random vectors, has
+  norm about `init_std sqrt(d / (K N_c))`, so the output starts close to `v`.
+
+  `temperature` divides the child logits (Eq. 2 has none: default 1.0); the reference code uses
+  1.6 (`REFERENCE_TEMPERATURE`). aux: `reg_loss` (zero; no auxiliary loss in the paper) and
+  `parent_usage [N_p]`, how many positions chose each parent.
+  """
+
+  def __init__(self, d_model: int, n_parents: int = 16, n_children: int = 3, top_k: int = 8,
+               *, temperature: float = 1.0, init_std: float = 0.02, rngs: nnx.Rngs):
+    validation.require_positive_int(d_model, "d_model")
+    validation.require_positive_int(n_parents, "n_parents")
+    validation.require_positive_int(n_children, "n_children")
+    validation.require(isinstance(top_k, int) and 0 < top_k <= n_parents, "top_k",
+                       f"an integer in [1, n_parents={n_parents}]", top_k)
+    validation.require(isinstance(temperature, (int, float)) and temperature > 0,
+                       "temperature", "a positive number", temperature)
+    validation.require(isinstance(init_std, (int, float)) and init_std > 0, "init_std",
+                       "a positive number", init_std)
+    self.d_model, self.n_parents, self.n_children = d_model, n_parents, n_children
+    self.top_k, self.temperature = top_k, float(temperature)
+    init = initializers.normal(init_std)
+    self.parents = nnx.Param(init(rngs.params(), (n_parents, d_model)))
+    self.child_keys = nnx.Param(init(rngs.params(), (n_parents, n_children, d_model)))
+    self.child_values = nnx.Param(init(rngs.params(), (n_parents, n_children, d_model)))
+
+  def __call__(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+    y_nd, ids_nk = spartan_memory(
+        x.reshape(-1, self.d_model), self.parents[...], self.child_keys[...],
+        self.child_values[...], top_k=self.top_k, temperature=self.temperature)
+    usage_p = jnp.zeros((self.n_parents,), jnp.int32).at[ids_nk].add(1)
+    return y_nd.reshape(x.shape), {"reg_loss": jnp.zeros((), jnp.float32),
+                                   "parent_usage": usage_p}
+
+  def flops_per_token(self) -> int:
+    """Multiply-adds: all parent scores, then keys and values of the K kept parents' children."""
+    return (self.n_parents + 2 * self.top_k * self.n_children) * self.d_model

@@ -1,0 +1,71 @@
+"""Where a training run's arrays live on its mesh: state, XL memory and batches.
+
+The rules are `sparse_jax.parallel`'s; this module applies them. Everything is created
+already sharded (a jitted constructor with `out_shardings`), so no device ever holds a whole
+FSDP-sharded model, and every process builds only its own rows of each batch.
+"""
+
+from collections.abc import Callable
+
+import grain
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from sparse_jax import parallel, validation
+from sparse_jax.models.xl_memory import XLMemory
+
+
+class Placement:
+  """A mesh and the shardings of a run's arrays on it."""
+
+  def __init__(self, mesh: Mesh):
+    self.mesh = mesh
+    self.shards = parallel.batch_shards(mesh)
+
+  def check_batch(self, batch_size: int, field: str) -> None:
+    validation.require(batch_size % self.shards == 0, field,
+                       f"divisible by mesh.data * mesh.fsdp * mesh.expert = {self.shards} "
+                       f"(mesh {dict(self.mesh.shape)})", batch_size)
+
+  def check_config(self, config) -> None:
+    """Raises `ConfigError` unless the mesh splits both batches and (with expert
+    parallelism) the experts of `config`."""
+    self.check_batch(config.data.batch_size, "data.batch_size")
+    self.check_batch(config.eval.batch_size, "eval.batch_size")
+    n_ep = parallel.axis_size(self.mesh, parallel.EXPERT)
+    n_experts = config.model.ff.get("n_experts")
+    if n_ep > 1:
+      validation.require(n_experts is not None and n_experts % n_ep == 0, "model.ff.n_experts",
+                         f"a MoE expert count divisible by mesh.expert = {n_ep}", n_experts)
+
+  def create(self, build: Callable[[], nnx.Module | tuple]):
+    """Runs `build()` (modules) with each array created directly in its sharding."""
+    graphdef, abstract = nnx.split(nnx.eval_shape(build))
+    shardings = parallel.state_shardings(abstract, self.mesh)
+    state = jax.jit(lambda: nnx.split(build())[1], out_shardings=shardings)()
+    return nnx.merge(graphdef, state)
+
+  def state_shardings(self, state):
+    return parallel.state_shardings(state, self.mesh)
+
+  def memory_shardings(self) -> XLMemory:
+    return XLMemory(parallel.batch_sharding(self.mesh, ndim=4, batch_dim=1),
+                    parallel.replicated(self.mesh))
+
+  def create_memory(self, build: Callable[[], XLMemory]) -> XLMemory:
+    return jax.jit(build, out_shardings=self.memory_shardings())()
+
+  def data_shard(self, batch_size: int) -> grain.sharding.ShardOptions:
+    """The block of streams this process reads: its devices' rows of a `[batch_size, S]`."""
+    rows = parallel.local_rows(parallel.batch_sharding(self.mesh), (batch_size, 1))
+    per_process = rows.stop - rows.start
+    return grain.sharding.ShardOptions(shard_index=rows.start // per_process,
+                                       shard_count=batch_size // per_process)
+
+  def global_batch(self, local: dict[str, np.ndarray], batch_size: int) -> dict[str, jax.Array]:
+    """Assembles the global `[batch_size, ...]` arrays from this process's rows."""
+    return {name: parallel.global_array(parallel.batch_sharding(self.mesh, value.ndim), value,
+                                        (batch_size, *value.shape[1:]))
+            for name, value in local.items()}

@@ -1,0 +1,152 @@
+"""SPARTAN memory (Eq. 1-3) and bottleneck adapters against float64 numpy references."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.test_util import check_grads
+
+from sparse_jax.layers.adapters import BottleneckAdapter, adapter_params
+from sparse_jax.layers.counting import count_params
+from sparse_jax.layers.spartan import (SpartanMemory, gather_children, select_parents,
+                                       spartan_memory, spartan_params)
+
+D, N_P, N_C, K = 8, 6, 3, 3
+
+
+def _softmax(z):
+  e = np.exp(z - z.max())
+  return e / e.sum()
+
+
+def spartan_reference(x_nd, parents, keys, values, top_k, temperature):
+  """Eq. 1-3 written per position; returns outputs and each position's chosen parents."""
+  outputs, chosen = [], []
+  for v in x_nd:
+    g = _softmax(parents @ v)                                        # Eq. 1
+    top = np.argsort(-g, kind="stable")[:top_k]
+    v_o = sum(g[i] * values[i].T @ _softmax(keys[i] @ v / temperature) for i in top)  # Eq. 2
+    outputs.append(v + v_o / g[top].sum())                           # Eq. 3
+    chosen.append(set(top.tolist()))
+  return np.array(outputs), chosen
+
+
+def _random_memory(rng, d=D, n_p=N_P, n_c=N_C):
+  return (rng.normal(size=(n_p, d)), rng.normal(size=(n_p, n_c, d)),
+          rng.normal(size=(n_p, n_c, d)))
+
+
+def _set_params(layer, parents, keys, values):
+  layer.parents[...] = jnp.asarray(parents, jnp.float32)
+  layer.child_keys[...] = jnp.asarray(keys, jnp.float32)
+  layer.child_values[...] = jnp.asarray(values, jnp.float32)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 1.6])
+def test_spartan_matches_float64_reference(temperature):
+  rng = np.random.default_rng(0)
+  params = [p.astype(np.float32) for p in _random_memory(rng)]
+  layer = SpartanMemory(D, N_P, N_C, K, temperature=temperature, rngs=nnx.Rngs(0))
+  _set_params(layer, *params)
+  x = rng.normal(size=(2, 5, D)).astype(np.float32)
+  y, aux = layer(jnp.asarray(x))
+  want, chosen = spartan_reference(x.reshape(-1, D).astype(np.float64),
+                                   *[p.astype(np.float64) for p in params], K, temperature)
+  assert y.shape == x.shape and y.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(y).reshape(-1, D), want, rtol=1e-5, atol=1e-6)
+  usage = np.bincount([i for top in chosen for i in top], minlength=N_P)
+  np.testing.assert_array_equal(aux["parent_usage"], usage)
+  assert aux["reg_loss"].shape == () and aux["reg_loss"].dtype == jnp.float32
+
+
+def test_only_the_chosen_parents_children_are_read():
+  rng = np.random.default_rng(1)
+  n_p, top_k = 16, 2
+  parents, keys, values = _random_memory(rng, n_p=n_p)
+  x_nd = jnp.asarray(rng.normal(size=(3, D)), jnp.float32)
+  _, ids_nk = select_parents(x_nd, jnp.asarray(parents, jnp.float32), top_k)
+  unused = np.setdiff1d(np.arange(n_p), np.asarray(ids_nk))
+  assert unused.size >= n_p - 3 * top_k
+  poisoned_keys, poisoned_values = keys.copy(), values.copy()
+  poisoned_keys[unused] = np.nan
+  poisoned_values[unused] = np.nan
+
+  def run(k, v):
+    return spartan_memory(x_nd, *[jnp.asarray(a, jnp.float32) for a in (parents, k, v)],
+                          top_k=top_k)[0]
+
+  clean, poisoned = run(keys, values), run(poisoned_keys, poisoned_values)
+  assert np.all(np.isfinite(poisoned))
+  np.testing.assert_array_equal(poisoned, clean)
+  keys_nkcd, values_nkcd = gather_children(jnp.asarray(keys), jnp.asarray(values), ids_nk)
+  assert keys_nkcd.shape == values_nkcd.shape == (3, top_k, N_C, D)
+
+
+def test_spartan_gradients_match_finite_differences_in_float64():
+  rng = np.random.default_rng(2)
+  with jax.enable_x64(True):
+    parents, keys, values = [jnp.asarray(p, jnp.float64) for p in _random_memory(rng)]
+    x_nd = jnp.asarray(rng.normal(size=(4, D)), jnp.float64)
+    sorted_logits = -np.sort(-np.asarray(x_nd @ parents.T), axis=-1)
+    assert np.min(sorted_logits[:, K - 1] - sorted_logits[:, K]) > 1e-2  # no top-K flips
+
+    def f(x, p, k, v):
+      return spartan_memory(x, p, k, v, top_k=K, temperature=1.6)[0]
+
+    check_grads(f, (x_nd, parents, keys, values), order=1, modes=("rev",))
+
+
+def test_spartan_init_is_near_identity_and_counts_are_closed_form():
+  d, n_p, n_c, top_k = 64, 16, 3, 8
+  layer = SpartanMemory(d, n_p, n_c, top_k, rngs=nnx.Rngs(0))
+  x = jax.random.normal(jax.random.key(3), (2, 4, d))
+  y, _ = layer(x)
+  assert float(jnp.linalg.norm(y - x) / jnp.linalg.norm(x)) < 0.05
+  assert count_params(layer) == spartan_params(d, n_p, n_c) == (n_p + 2 * n_p * n_c) * d
+  assert layer.flops_per_token() == (n_p + 2 * top_k * n_c) * d
+
+
+@pytest.mark.parametrize("kwargs, field", [({"top_k": 7}, "top_k"), ({"top_k": 0}, "top_k"),
+                                           ({"n_children": 0}, "n_children"),
+                                           ({"temperature": 0.0}, "temperature")])
+def test_spartan_rejects_bad_arguments(kwargs, field):
+  args = {"n_parents": 6, "n_children": 2, "top_k": 2, **kwargs}
+  with pytest.raises(ValueError, match=field):
+    SpartanMemory(D, **args, rngs=nnx.Rngs(0))
+
+
+def _gelu(h):
+  return 0.5 * h * (1 + np.vectorize(math.erf)(h / math.sqrt(2)))
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_adapter_matches_numpy_definition(activation):
+  rng = np.random.default_rng(4)
+  d, b = D, 4
+  adapter = BottleneckAdapter(d, b, activation=activation, rngs=nnx.Rngs(0))
+  params = {name: rng.normal(size=shape).astype(np.float32) for name, shape in
+            [("w_down", (d, b)), ("b_down", (b,)), ("w_up", (b, d)), ("b_up", (d,))]}
+  for name, value in params.items():
+    getattr(adapter, name)[...] = jnp.asarray(value)
+  x = rng.normal(size=(2, 3, d)).astype(np.float32)
+  p = {k: v.astype(np.float64) for k, v in params.items()}
+  pre = x.astype(np.float64) @ p["w_down"] + p["b_down"]
+  hidden = np.maximum(pre, 0) if activation == "relu" else _gelu(pre)
+  want = x + hidden @ p["w_up"] + p["b_up"]
+  np.testing.assert_allclose(adapter(jnp.asarray(x)), want, rtol=1e-5, atol=1e-5)
+
+
+def test_zero_init_adapter_is_exactly_the_identity_and_counts_are_closed_form():
+  d, b = 16, 4
+  adapter = BottleneckAdapter(d, b, activation="gelu", rngs=nnx.Rngs(0))
+  assert float(jnp.abs(adapter.w_down[...]).max()) > 0
+  x = jax.random.normal(jax.random.key(5), (2, 3, d))
+  np.testing.assert_array_equal(adapter(x), x)
+  assert count_params(adapter) == adapter_params(d, b, per_layer=1, n_layers=1)
+  assert adapter_params(768, 64, per_layer=2, n_layers=12) == 24 * (2 * 768 * 64 + 64 + 768)
+  assert adapter.flops_per_token() == 2 * d * b
+  with pytest.raises(ValueError, match="activation"):
+    BottleneckAdapter(d, b, activation="tanh", rngs=nnx.Rngs(0))

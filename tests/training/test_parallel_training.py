@@ -1,0 +1,145 @@
+"""Training on device meshes equals training on one device (8 simulated CPU devices).
+
+Tolerances: a mesh changes only the order of f32 reductions (partial sums per device, then
+collectives), so losses and gradient norms agree to a few f32 ulps of the summed magnitudes
+(rtol 2e-5). Parameters after Adam steps get atol 1e-4, a tenth of the largest step's
+learning rate (1e-3): Adam normalises every update to about `lr`, so an element whose
+gradient is itself at reduction-noise level (|g| ~ 1e-7) can move by a visible fraction of
+`lr` differently. The gradient norms catch what Adam's scale invariance would hide (say, a
+gradient missing a factor from a collective).
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+from training_testing import patch_step, train_losses
+
+from sparse_jax import parallel
+from sparse_jax.training import trainer
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture
+def mesh_config(tiny_config):
+  """The tiny sigma-MoE with 8 experts and batches of 8, so every mesh of 8 splits them."""
+  tiny_config.data.batch_size = 8
+  tiny_config.eval.batch_size = 8
+  tiny_config.model.ff.n_experts = 8
+  return tiny_config
+
+
+def first_steps(config, workdir, shape, n_steps=2):
+  """Losses and gradient norms of `n_steps` training steps on a mesh of `shape`, and the
+  parameters after them."""
+  mesh = parallel.make_mesh(shape)
+  run = trainer._Run(config, workdir, mesh)
+  with jax.set_mesh(mesh):
+    metrics = [jax.device_get(run.step(i)) for i in range(n_steps)]
+  run.close()
+  losses = [(float(m["loss"]), float(m["grad_norm"])) for m in metrics]
+  run._sync_to_modules()
+  return losses, jax.device_get(nnx.to_pure_dict(nnx.state(run.model, nnx.Param))), run
+
+
+@pytest.mark.parametrize("shapes", [[(8, 1, 1), (2, 2, 2)], [(1, 1, 8), (1, 8, 1)]])
+def test_training_steps_on_a_mesh_equal_one_device(mesh_config, tmp_path, shapes):
+  mesh_config.data.data_dir = str(tmp_path / "tfds")
+  ref_losses, ref_params, _ = first_steps(mesh_config, str(tmp_path / "one"), (1, 1, 1))
+  for shape in shapes:
+    losses, params, run = first_steps(mesh_config, str(tmp_path / str(shape)), shape)
+    np.testing.assert_allclose(losses, ref_losses, rtol=2e-5, err_msg=str(shape))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4, err_msg=str(shape)),
+                 params, ref_params)
+    assert_state_sharded(run, shape)
+
+
+def assert_state_sharded(run, shape):
+  """Expert weights split over `expert`; with fsdp, the embedding and its Adam moments over
+  `fsdp`; the XL memory over the batch axes."""
+  _, fsdp, expert = shape
+  w_up = run.model.blocks[0].ff.w_up[...]
+  assert w_up.sharding.spec[0] == parallel.EXPERT  # a no-op where the expert axis is 1
+  assert w_up.addressable_shards[0].data.shape[0] == 8 // expert
+  if fsdp > 1:
+    embedding_spec = run.model.embed.embedding[...].sharding.spec
+    assert parallel.FSDP in embedding_spec
+    moments = [leaf for path, leaf in jax.tree.leaves_with_path(nnx.state(run.optimizer))
+               if "embedding" in jax.tree_util.keystr(path)]
+    assert len(moments) == 2 and all(m.sharding.spec == embedding_spec for m in moments)
+  assert run.memory.hidden_lbmd.sharding.spec == P(None, parallel.BATCH_AXES, None, None)
+
+
+def test_save_on_eight_devices_restore_on_four_and_continue(mesh_config, tmp_path,
+                                                            monkeypatch):
+  mesh_config.train.update(steps=4, ckpt_every=2, log_every=1)
+  mesh_config.data.data_dir = str(tmp_path / "tfds")
+  eight, four = parallel.make_mesh((2, 2, 2)), parallel.make_mesh((1, 2, 2))
+  straight, resharded = str(tmp_path / "straight"), str(tmp_path / "resharded")
+  trainer.train_and_evaluate(mesh_config, straight, mesh=eight)
+
+  def stop_after_step_2(step_index, outputs):
+    if step_index == 1:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return outputs
+
+  with monkeypatch.context() as m:
+    patch_step(m, stop_after_step_2)
+    assert trainer.train_and_evaluate(mesh_config, resharded, mesh=eight)["step"] == 2
+  trainer.train_and_evaluate(mesh_config, resharded, mesh=four)
+
+  expected, got = train_losses(straight), train_losses(resharded)
+  assert sorted(got) == [1, 2, 3, 4]
+  np.testing.assert_allclose([got[s] for s in range(1, 5)], [expected[s] for s in range(1, 5)],
+                             rtol=2e-5)
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _train_command(stdlib_slice, tmp_path, workdir):
+  return [sys.executable, "train.py", f"--workdir={workdir}",
+          f"--config.data.source_root={stdlib_slice}", f"--config.data.data_dir={tmp_path}/tfds",
+          "--config.data.batch_size=4", "--config.data.seq_len=16",
+          "--config.model.d_model=16", "--config.model.n_layers=1", "--config.model.n_heads=2",
+          "--config.model.mem_len=16", "--config.model.ff.n_experts=4",
+          "--config.model.ff.expert_size=8", "--config.mesh.data=2", "--config.mesh.expert=2",
+          "--config.train.steps=3", "--config.train.warmup_steps=1",
+          "--config.train.log_every=1", "--config.train.ckpt_every=3",
+          "--config.eval.batch_size=4", "--config.eval.max_batches=2"]
+
+
+def test_two_processes_on_loopback_train_like_one(stdlib_slice, tmp_path):
+  """train.py as two gloo-connected processes of 2 CPU devices each equals one process of 4."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="2",
+             JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo", JAX_DISABLE_MOST_OPTIMIZATIONS="1")
+  single = subprocess.run(_train_command(stdlib_slice, tmp_path, tmp_path / "single"), cwd=REPO,
+                          env=dict(env, JAX_NUM_CPU_DEVICES="4"), capture_output=True,
+                          text=True, timeout=600)
+  assert single.returncode == 0, single.stderr[-3000:]
+
+  address = f"localhost:{_free_port()}"
+  workers = [subprocess.Popen(
+      [*_train_command(stdlib_slice, tmp_path, tmp_path / "multi"),
+       f"--coordinator_address={address}", "--num_processes=2", f"--process_id={i}"],
+      cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      for i in range(2)]
+  outputs = [w.communicate(timeout=600) for w in workers]
+  for worker, (_, stderr) in zip(workers, outputs):
+    assert worker.returncode == 0, stderr[-3000:]
+  assert "final" in outputs[0][0] and "final" not in outputs[1][0]  # process 0 reports
+  multi, one = train_losses(tmp_path / "multi"), train_losses(tmp_path / "single")
+  assert sorted(multi) == [1, 2, 3]
+  np.testing.assert_allclose([multi[s] for s in (1, 2, 3)], [one[s] for s in (1, 2, 3)],
+                             rtol=2e-5)

@@ -1,0 +1,28 @@
+"""Helpers shared by the training tests: reading logged losses, wrapping the train step."""
+
+import json
+import os
+
+from sparse_jax.training import trainer
+
+
+def train_losses(workdir) -> dict[int, float]:
+  """The logged training loss of every step (log_every=1) from `workdir/metrics.jsonl`."""
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    records = [json.loads(line) for line in f]
+  return {r["step"]: r["loss"] for r in records if r["split"] == "train"}
+
+
+def patch_step(monkeypatch, after_step):
+  """Wraps the jitted train step; `after_step(step_index, outputs)` may alter its outputs."""
+  real = trainer.make_train_step
+
+  def patched(*args, **kwargs):
+    step_fn = real(*args, **kwargs)
+
+    def wrapped(state, memory, batch, step_index):
+      return after_step(step_index, step_fn(state, memory, batch, step_index))
+
+    return wrapped
+
+  monkeypatch.setattr(trainer, "make_train_step", patched)
