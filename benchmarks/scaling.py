@@ -1,6 +1,6 @@
 """Training step time of a sigma-MoE LM on 1, 2, 4 and 8 devices for each kind of parallelism.
 
-    python benchmarks/scaling.py [--devices=1,2,4,8] [--out=benchmarks/scaling_cpu.json]
+    python -m benchmarks.scaling [--devices=1,2,4,8] [--out=benchmarks/scaling_cpu.json]
 
 On a CPU machine the devices are simulated (`jax_num_cpu_devices`) and share its cores, so
 this measures the plumbing (sharded state, collectives, the expert all-to-all), not a

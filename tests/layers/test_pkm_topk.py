@@ -2,11 +2,12 @@
 
 import jax
 import jax.numpy as jnp
+import jax.test_util
 import numpy as np
 import pytest
 from flax import nnx
 
-from sparse_jax.layers.pkm import PKM, product_key_topk
+from sparse_jax.layers.pkm import PKM, product_key_topk, use_dense_read, weighted_value_sum
 from sparse_jax.layers.topk_ff import TopKFF
 
 
@@ -51,6 +52,24 @@ def test_pkm_output_matches_float64_reference(activation):
   assert int(aux["value_usage"].sum()) == 10 * heads * knn
   assert sum(p.size for p in jax.tree.leaves(nnx.state(pkm, nnx.Param))) == (
       heads * s * d + s * s * d)
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_both_value_reads_equal_the_weighted_sum_with_gradients(dense):
+  rng = np.random.default_rng(3)
+  n, h, knn, v, d = 6, 2, 3, 10, 4
+  ids = rng.integers(0, v, size=(n, h, knn))
+  ids[0, 1] = ids[0, 0]  # the same value chosen by two heads: its weights add up
+  weights = rng.normal(size=(n, h, knn))
+  values = rng.normal(size=(v, d))
+  want = np.einsum("nhk,nhkd->nd", weights, values[ids])
+  with jax.enable_x64(True):
+    read = lambda w, t: weighted_value_sum(w, jnp.asarray(ids), t, dense=dense)
+    np.testing.assert_allclose(read(jnp.asarray(weights), jnp.asarray(values)), want,
+                               rtol=1e-12)
+    jax.test_util.check_grads(read, (jnp.asarray(weights), jnp.asarray(values)), order=1,
+                              modes=["rev"])
+  assert use_dense_read(900, 4, 16) and not use_dense_read(512 ** 2, 4, 32)
 
 
 def test_pkm_dense_init_matches_the_dense_baseline_scales():
