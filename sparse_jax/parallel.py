@@ -10,9 +10,9 @@ The mesh has three axes, all `AxisType.Auto` so XLA propagates shardings through
   (`w_up`, `w_down`) are split over it along their expert dimension; token slots travel to
   their expert's device and back (`sparse_jax.layers.expert_parallel`).
 
-So every device holds `batch / (data * fsdp * expert)` rows of each batch. Nothing here runs
-unless a mesh is configured: layers and models used without `jax.set_mesh` behave as on one
-device.
+So every device holds `batch / (data * fsdp * expert)` rows of each batch. The trainer always
+runs on a mesh (1 x 1 x 1 on one device); layers and models used without `jax.set_mesh`, as
+in a notebook, behave as they always did on one device.
 
 Logical axes name what a parameter dimension is; `RULES` maps them to mesh axes:
 `experts` (a MoE's expert dimension) -> `expert`; `fsdp` (the dimension chosen for FSDP) ->

@@ -18,9 +18,9 @@ def evaluate_checkpoint(workdir: str, *, step: int | None = None, split: str = "
   """Restores `workdir`'s checkpoint `step` (default latest) and evaluates `split`.
 
   The model is restored sharded onto the mesh of the saved config's `mesh` section over this
-  job's devices. The memory length is the saved config's `eval.mem_len`. Token (SentencePiece) datasets
-  report perplexity per token and per word. Returns the metrics and the path of the JSON
-  file they were written to.
+  job's devices. The memory length is the saved config's `eval.mem_len`. Token
+  (SentencePiece) datasets report perplexity per token and per word. Returns the metrics and
+  the path of the JSON file they were written to.
   """
   checkpointer = Checkpointer(workdir)
   try:
@@ -39,8 +39,9 @@ def evaluate_checkpoint(workdir: str, *, step: int | None = None, split: str = "
   finally:
     checkpointer.close()
   loaded = data.load_split(config.data, split)
-  metrics = make_evaluator(config, model, placement)(model, loaded.tokens, max_batches=max_batches,
-                                          words_per_token=loaded.words_per_token)
+  evaluator = make_evaluator(config, model, placement)
+  metrics = evaluator(model, loaded.tokens, max_batches=max_batches,
+                      words_per_token=loaded.words_per_token)
   results = {"step": step, "split": split, "mem_len": config.eval.mem_len, **metrics}
   path = os.path.join(workdir, f"eval_{split}_{step}.json")
   with open(path, "w", encoding="utf-8") as f:
