@@ -6,23 +6,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attention_testing import decode_all
+from attention_testing import decode_all, naive_rotary
 from sparse_jax.layers.causal_attention import CausalSelfAttention
 from sparse_jax.layers.counting import count_params
 from sparse_jax.layers.rotary import apply_rotary
 
 D, H, C, T, B = 8, 2, 4, 6, 2
-
-
-def naive_rotary(x_c: np.ndarray, position: int) -> np.ndarray:
-  """Rotates channel pair (j, j + C/2) by `position * 10000^(-2j/C)`, one pair at a time."""
-  half = len(x_c) // 2
-  out = x_c.copy()
-  for j in range(half):
-    theta = position * 10000.0 ** (-2.0 * j / len(x_c))
-    out[j] = x_c[j] * np.cos(theta) - x_c[j + half] * np.sin(theta)
-    out[j + half] = x_c[j + half] * np.cos(theta) + x_c[j] * np.sin(theta)
-  return out
 
 
 def naive_causal_attention(p: dict, x_td: np.ndarray, rotary: bool) -> np.ndarray:

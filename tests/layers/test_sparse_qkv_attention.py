@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attention_testing import decode_all
+from attention_testing import decode_all, naive_rotary
 from sparse_jax.layers.counting import count_params
 from sparse_jax.layers.sparse_qkv_attention import SparseQKVAttention
 
@@ -15,17 +15,6 @@ M = D // S
 REFERENCE_KERNELS = {"q_kernel": (3, 3), "k_kernel": (3, 3), "v_kernel": (3, 1)}
 # Even module kernel (padding 0 before, 1 after), length-1 kernel, and a longest F_len of 4.
 ODD_KERNELS = {"q_kernel": (2, 2), "k_kernel": (1, 3), "v_kernel": (4, 1)}
-
-
-def naive_rotary(x_c: np.ndarray, position: int) -> np.ndarray:
-  """Rotates channel pair (j, j + C/2) by `position * 10000^(-2j/C)`, one pair at a time."""
-  half = len(x_c) // 2
-  out = x_c.copy()
-  for j in range(half):
-    theta = position * 10000.0 ** (-2.0 * j / len(x_c))
-    out[j] = x_c[j] * np.cos(theta) - x_c[j + half] * np.sin(theta)
-    out[j + half] = x_c[j + half] * np.cos(theta) + x_c[j] * np.sin(theta)
-  return out
 
 
 def naive_conv(y_tsm: np.ndarray, kernel: np.ndarray, bias: np.ndarray) -> np.ndarray:

@@ -10,7 +10,6 @@ gradient missing a factor from a collective).
 """
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
-from training_testing import patch_step, train_losses
+from training_testing import patch_step, sigterm_at, train_losses
 
 from sparse_jax import parallel
 from sparse_jax.training import trainer
@@ -86,13 +85,8 @@ def test_save_on_eight_devices_restore_on_four_and_continue(mesh_config, tmp_pat
   straight, resharded = str(tmp_path / "straight"), str(tmp_path / "resharded")
   trainer.train_and_evaluate(mesh_config, straight, mesh=eight)
 
-  def stop_after_step_2(step_index, outputs):
-    if step_index == 1:
-      os.kill(os.getpid(), signal.SIGTERM)
-    return outputs
-
   with monkeypatch.context() as m:
-    patch_step(m, stop_after_step_2)
+    patch_step(m, sigterm_at(1))
     assert trainer.train_and_evaluate(mesh_config, resharded, mesh=eight)["step"] == 2
   trainer.train_and_evaluate(mesh_config, resharded, mesh=four)
 

@@ -2,13 +2,12 @@
 
 import json
 import os
-import signal
 
 import jax
 import numpy as np
 import pytest
 from flax import nnx
-from training_testing import patch_step, train_losses
+from training_testing import patch_step, sigterm_at, train_losses
 
 from sparse_jax.training import Checkpointer, build_model, trainer
 from sparse_jax.training.evaluate_checkpoint import NoCheckpointError, evaluate_checkpoint
@@ -37,13 +36,8 @@ def test_resume_after_sigterm_is_exact(tiny_config, tmp_path, monkeypatch):
   straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
   trainer.train_and_evaluate(tiny_config, straight)
 
-  def send_sigterm(step_index, outputs):
-    if step_index == 2:
-      os.kill(os.getpid(), signal.SIGTERM)
-    return outputs
-
   with monkeypatch.context() as m:
-    patch_step(m, send_sigterm)
+    patch_step(m, sigterm_at(2))
     interrupted = trainer.train_and_evaluate(tiny_config, resumed)
   assert interrupted == {"step": 3, "interrupted": 1.0}
   assert Checkpointer(resumed).latest_step() == 3

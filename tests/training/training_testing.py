@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 
 from sparse_jax.training import trainer
 
@@ -26,3 +27,15 @@ def patch_step(monkeypatch, after_step):
     return wrapped
 
   monkeypatch.setattr(trainer, "make_train_step", patched)
+
+
+def sigterm_at(stop_index):
+  """An `after_step` for `patch_step` that sends this process SIGTERM during step
+  `stop_index` (0-based), so the run saves and stops after it."""
+
+  def after_step(step_index, outputs):
+    if step_index == stop_index:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return outputs
+
+  return after_step
