@@ -16,8 +16,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sparse_jax import validation
+from sparse_jax.layers.dense_ff import ACTIVATIONS
 
-ACTIVATIONS = {"relu": jax.nn.relu, "gelu": lambda h: jax.nn.gelu(h, approximate=False)}
 ADAPTERS_PER_LAYER = {"houlsby": 2, "pfeiffer": 1}
 
 

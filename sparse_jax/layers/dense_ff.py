@@ -7,16 +7,21 @@ from flax import nnx
 from sparse_jax.layers import initializers
 
 
-class DenseFF(nnx.Module):
-  """`y = ReLU(x W1 + b1) W2 + b2` (sigma-MoE paper Eq. 1), FF contract: `y, aux = ff(x)`.
+ACTIVATIONS = {"relu": jax.nn.relu,
+               "gelu": lambda h: jax.nn.gelu(h, approximate=False)}  # BERT/RoBERTa's (erf).
 
+
+class DenseFF(nnx.Module):
+  """`y = act(x W1 + b1) W2 + b2` (sigma-MoE paper Eq. 1), FF contract: `y, aux = ff(x)`.
+
+  `activation` is "relu" (the sigma-MoE baseline) or "gelu" (exact, as in RoBERTa).
   Weights use the depth-scaled init of the sigma-MoE paper (Sec. 5): std
   `sqrt(2 / (fan_in * n_layers))`; biases start at zero. Dropout acts on the hidden units.
   """
 
   def __init__(self, d_model: int, d_ff: int, *, n_layers: int, dropout: float = 0.0,
-               rngs: nnx.Rngs):
-    self.d_model, self.d_ff = d_model, d_ff
+               activation: str = "relu", rngs: nnx.Rngs):
+    self.d_model, self.d_ff, self.activation_name = d_model, d_ff, activation
     std_up = initializers.depth_scaled_std(d_model, n_layers)
     std_down = initializers.depth_scaled_std(d_ff, n_layers)
     self.w_up = nnx.Param(initializers.normal(std_up)(rngs.params(), (d_model, d_ff)))
@@ -26,8 +31,8 @@ class DenseFF(nnx.Module):
     self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
   def activation(self, pre_btf: jax.Array) -> jax.Array:
-    """The hidden nonlinearity (ReLU); subclasses sparsify it."""
-    return jax.nn.relu(pre_btf)
+    """The hidden nonlinearity (`activation`); subclasses sparsify it."""
+    return ACTIVATIONS[self.activation_name](pre_btf)
 
   def __call__(self, x_btd: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
     dtype = x_btd.dtype

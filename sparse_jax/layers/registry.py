@@ -13,7 +13,7 @@ from flax import nnx
 import pallas_kernels
 from sparse_jax import validation
 from sparse_jax.layers import moe, pkm
-from sparse_jax.layers.dense_ff import DenseFF
+from sparse_jax.layers.dense_ff import ACTIVATIONS, DenseFF
 from sparse_jax.layers.routers import NoisyTopKRouter, SBaseRouter, SoftmaxRouter, SwitchRouter
 from sparse_jax.layers.sparse_ff import SparseFF
 from sparse_jax.layers.topk_ff import TopKFF
@@ -54,8 +54,10 @@ def _dropout_field(ff, name: str) -> float:
 @register_ff("dense")
 def _build_dense(ff, *, d_model, n_layers, rngs):
   validation.require_positive_int(ff.get("d_ff"), "model.ff.d_ff")
+  activation = ff.get("activation", "relu")
+  validation.require_choice(activation, "model.ff.activation", ACTIVATIONS)
   return DenseFF(d_model, ff.d_ff, n_layers=n_layers, dropout=_dropout_field(ff, "dropout"),
-                 rngs=rngs)
+                 activation=activation, rngs=rngs)
 
 
 @register_ff("topk")

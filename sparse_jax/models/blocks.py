@@ -1,6 +1,7 @@
 """The pre-LN decoder block shared by every attention kind, for training and decoding.
 
-`h + Drop(Attn(LN(h)))` then `h + Drop(FF(LN(h)))`. The attention is chosen by
+`h + Drop(Attn(LN(h)))` then `h + Drop(FF(LN(h)))`, then the optional SPARTAN memory on the
+block's output (`model.memory`, see `sparse_jax.models.plugins`). The attention is chosen by
 `model.attention`:
 
 - `xl`: Transformer-XL relative attention over `[memory; segment]` (memory = the block's
@@ -19,6 +20,7 @@ from sparse_jax.layers.causal_attention import CausalSelfAttention
 from sparse_jax.layers.registry import build_ff
 from sparse_jax.layers.sparse_qkv_attention import SparseQKVAttention
 from sparse_jax.layers.xl_attention import RelativeMultiHeadAttention
+from sparse_jax.models import plugins
 
 ATTENTION_KINDS = ("xl", "causal", "sparse_qkv")
 POSITIONS = ("rotary", "sinusoidal")
@@ -45,7 +47,7 @@ def build_attention(cfg: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Modul
 
 
 class DecoderBlock(nnx.Module):
-  """One pre-LN block: the attention of `model.attention`, then the FF slot."""
+  """One pre-LN block: the attention of `model.attention`, the FF slot, the memory slot."""
 
   def __init__(self, cfg: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
     d = cfg.d_model
@@ -55,15 +57,20 @@ class DecoderBlock(nnx.Module):
     self.ff_norm = nnx.LayerNorm(d, rngs=rngs)
     self.ff = build_ff(cfg.ff, d_model=d, n_layers=cfg.n_layers, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
+    self.memory = plugins.build_memory(cfg, rngs)
 
   def _feed_forward(self, h_btd, *, decoding: bool):
-    """The FF sublayer; when decoding, the FF's sparse `decode` path if it has one."""
+    """The FF sublayer, then the memory; when decoding, the FF's sparse `decode` path if any."""
     x_btd = self.ff_norm(h_btd)
     if decoding and hasattr(self.ff, "decode"):
       y_btd, aux = self.ff.decode(x_btd), {"reg_loss": jnp.zeros((), jnp.float32)}
     else:
       y_btd, aux = self.ff(x_btd)
-    return h_btd + self.dropout(y_btd), aux
+    h_btd = h_btd + self.dropout(y_btd)
+    if self.memory is not None:
+      h_btd, memory_aux = self.memory(h_btd)
+      aux = {**aux, **{f"memory/{k}": v for k, v in memory_aux.items() if k != "reg_loss"}}
+    return h_btd, aux
 
   def __call__(self, h_btd, mem_bmd, mem_valid, *, decoding: bool = False):
     """A segment `[B, T, d]`; `mem_bmd`/`mem_valid` are used by XL attention only."""

@@ -20,6 +20,7 @@ from sparse_jax import validation
 from sparse_jax.layers import initializers
 from sparse_jax.layers.multiplicative_dense import MultiplicativeDense
 from sparse_jax.layers.xl_attention import sinusoid_embedding
+from sparse_jax.models import plugins
 from sparse_jax.models.blocks import ATTENTION_KINDS, POSITIONS, DecoderBlock
 from sparse_jax.models.xl_memory import XLMemory
 
@@ -53,6 +54,9 @@ def validate_model_config(cfg: ml_collections.ConfigDict) -> None:
       loss_sparsity)
   validation.require(not (loss_sparsity and cfg.get("tie_embeddings", False)),
                      "model.tie_embeddings", "False with model.loss_sparsity", True)
+  validation.require(plugins.adapter_kind(cfg) == "none", "model.adapters.kind",
+                     "'none' in a decoder LM (adapters are placed in encoder layers)",
+                     plugins.adapter_kind(cfg))
 
 
 class TransformerLM(nnx.Module):
@@ -101,6 +105,12 @@ class TransformerLM(nnx.Module):
 
   def __call__(self, tokens_bt: jax.Array, memory: XLMemory | None = None, *,
                decoding: bool = False):
+    h_btd, new_memory, aux = self.hidden_states(tokens_bt, memory, decoding=decoding)
+    return self.logits(h_btd), new_memory, aux
+
+  def hidden_states(self, tokens_bt: jax.Array, memory: XLMemory | None = None, *,
+                    decoding: bool = False):
+    """The final-LayerNorm hidden states `[B, T, d]` (what the logits read), memory, aux."""
     if memory is None:
       memory = self.init_memory(tokens_bt.shape[0])
     h_btd = self._embed(tokens_bt, 0)
@@ -113,7 +123,7 @@ class TransformerLM(nnx.Module):
                   if key != "reg_loss"})
     aux["reg_loss"] = reg_loss
     new_memory = memory.append(jnp.stack(layer_inputs))
-    return self.logits(self.final_norm(h_btd)), new_memory, aux
+    return self.final_norm(h_btd), new_memory, aux
 
   def logits(self, h_btd: jax.Array) -> jax.Array:
     """Output projection in float32; tied logits are scaled by `1/sqrt(d_model)`."""

@@ -1,0 +1,67 @@
+"""`SequenceClassifier`: a backbone plus RoBERTa's classification head, for fine-tuning.
+
+The backbone is an `Encoder` (`model.kind = "encoder"`: RoBERTa) or a `TransformerLM`
+(any other kind: e.g. a byte LM pretrained with `train.py`); both take the SPARTAN memory
+plug-in (`model.memory`), the encoder also adapters (`model.adapters`).
+`logits_bc, aux = classifier(tokens_bt, lengths_b)`; `num_classes = 1` is regression (STS-B).
+
+The head is RoBERTa's `RobertaClassificationHead` (no pooler): one position's hidden state
+`x`, `out_proj(Drop(tanh(dense(Drop(x)))))`. The position is the first token (`<s>`) for an
+encoder and the last real token (`lengths - 1`, the only one that has seen the whole input)
+for a causal LM.
+"""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from sparse_jax import validation
+from sparse_jax.layers.bidirectional_attention import normal_linear
+from sparse_jax.models.encoder import Encoder
+from sparse_jax.models.lm import TransformerLM
+
+
+def is_encoder(model_cfg: ml_collections.ConfigDict) -> bool:
+  return model_cfg.get("kind", "lm") == "encoder"
+
+
+def build_backbone(model_cfg: ml_collections.ConfigDict, rngs: nnx.Rngs):
+  return Encoder(model_cfg, rngs=rngs) if is_encoder(model_cfg) else TransformerLM(
+      model_cfg, rngs=rngs)
+
+
+class ClassificationHead(nnx.Module):
+  """RoBERTa's head on pooled states `[B, d]` -> logits `[B, C]` (module docstring)."""
+
+  def __init__(self, d_model: int, num_classes: int, *, dropout: float, rngs: nnx.Rngs):
+    self.dense = normal_linear(d_model, d_model, 0.02, rngs)
+    self.out_proj = normal_linear(d_model, num_classes, 0.02, rngs)
+    self.dropout = nnx.Dropout(dropout, rngs=rngs)
+
+  def __call__(self, x_bd: jax.Array) -> jax.Array:
+    h_bd = jnp.tanh(self.dense(self.dropout(x_bd)))
+    return self.out_proj(self.dropout(h_bd))
+
+
+class SequenceClassifier(nnx.Module):
+  """Backbone (`self.backbone`) and task head (`self.head`); see the module docstring."""
+
+  def __init__(self, model_cfg: ml_collections.ConfigDict, num_classes: int, *,
+               head_dropout: float = 0.1, rngs: nnx.Rngs):
+    validation.require_positive_int(num_classes, "num_classes")
+    validation.require_probability(head_dropout, "method.head_dropout")
+    self.pool_first = is_encoder(model_cfg)
+    self.backbone = build_backbone(model_cfg, rngs)
+    self.head = ClassificationHead(model_cfg.d_model, num_classes, dropout=head_dropout,
+                                   rngs=rngs)
+
+  def __call__(self, tokens_bt: jax.Array, lengths_b: jax.Array):
+    if self.pool_first:
+      h_btd, aux = self.backbone(tokens_bt)
+      pooled_bd = h_btd[:, 0]
+    else:
+      h_btd, _, aux = self.backbone.hidden_states(tokens_bt)
+      last_b = jnp.maximum(lengths_b - 1, 0)
+      pooled_bd = jnp.take_along_axis(h_btd, last_b[:, None, None], axis=1)[:, 0]
+    return self.head(pooled_bd.astype(jnp.float32)), aux

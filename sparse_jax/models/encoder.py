@@ -1,0 +1,138 @@
+"""`Encoder`: a post-LN bidirectional Transformer with RoBERTa's architecture.
+
+    h_0 = LN(E_word[x] + E_pos[p(x)] + E_type[0])                     (dropout after)
+    a   = Drop(Attn(h)),        a = AttnAdapter(a)    (Houlsby only)
+    h   = LN(h + a)
+    f   = Drop(FF(h)),          f = FFAdapter(f)      (Houlsby and Pfeiffer)
+    h   = LN(h + f)
+    h   = SPARTAN(h)                                   (when model.memory.kind = "spartan")
+
+`p(x)` are RoBERTa's positions: real tokens count from `pad_id + 1`, padding gets `pad_id`
+(Hugging Face's `create_position_ids_from_input_ids`), so a table of `max_positions` rows
+holds `max_positions - pad_id - 1` tokens. The FF slot is any kind of the FF registry (RoBERTa:
+`dense` with `activation = "gelu"`); adapters and memory are the plug-ins of
+`sparse_jax.models.plugins`. `h, aux = encoder(tokens_bt)`; `aux["reg_loss"]` sums the FF
+layers' regularisers and `aux["layer{i}/..."]` holds their diagnostics.
+"""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from sparse_jax import validation
+from sparse_jax.layers.bidirectional_attention import BidirectionalSelfAttention
+from sparse_jax.layers.registry import build_ff
+from sparse_jax.models import plugins
+
+
+def validate_encoder_config(cfg: ml_collections.ConfigDict) -> None:
+  """Checks an encoder `model` section (FF and plug-in fields are checked by their builders)."""
+  for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_positions",
+               "type_vocab_size"):
+    validation.require_positive_int(cfg.get(name), f"model.{name}")
+  validation.require(cfg.d_model % cfg.n_heads == 0, "model.d_model",
+                     f"divisible by model.n_heads={cfg.n_heads}", cfg.d_model)
+  pad_id = cfg.get("pad_id")
+  validation.require(isinstance(pad_id, int) and 0 <= pad_id < cfg.vocab_size, "model.pad_id",
+                     f"a token id in [0, model.vocab_size={cfg.vocab_size})", pad_id)
+  validation.require(cfg.max_positions > pad_id + 1, "model.max_positions",
+                     f"greater than model.pad_id + 1 = {pad_id + 1}", cfg.max_positions)
+  validation.require_probability(cfg.get("dropout"), "model.dropout")
+  validation.require_probability(cfg.get("attn_dropout"), "model.attn_dropout")
+  for name in ("layer_norm_eps", "init_std"):
+    value = cfg.get(name)
+    validation.require(isinstance(value, float) and value > 0, f"model.{name}",
+                       "a positive float", value)
+
+
+def max_tokens(cfg: ml_collections.ConfigDict) -> int:
+  """The longest input the position table holds (512 for RoBERTa's 514 rows)."""
+  return cfg.max_positions - cfg.pad_id - 1
+
+
+def roberta_positions(tokens_bt: jax.Array, pad_id: int) -> jax.Array:
+  """RoBERTa's position ids: `pad_id + 1 + (index among real tokens)`, `pad_id` on padding."""
+  real_bt = (tokens_bt != pad_id).astype(jnp.int32)
+  return jnp.cumsum(real_bt, axis=1) * real_bt + pad_id
+
+
+def _embedding(n: int, d: int, std: float, rngs: nnx.Rngs) -> nnx.Embed:
+  return nnx.Embed(n, d, embedding_init=jax.nn.initializers.normal(std), rngs=rngs)
+
+
+class EncoderLayer(nnx.Module):
+  """One post-LN layer with its optional adapters and SPARTAN memory (module docstring)."""
+
+  def __init__(self, cfg: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
+    d, eps = cfg.d_model, cfg.layer_norm_eps
+    self.attn = BidirectionalSelfAttention(d, cfg.n_heads, attn_dropout=cfg.attn_dropout,
+                                           init_std=cfg.init_std, rngs=rngs)
+    self.attn_adapter = plugins.build_adapter(cfg, "attn", rngs)
+    self.attn_norm = nnx.LayerNorm(d, epsilon=eps, rngs=rngs)
+    self.ff = build_ff(cfg.ff, d_model=d, n_layers=cfg.n_layers, rngs=rngs)
+    self.ff_adapter = plugins.build_adapter(cfg, "ff", rngs)
+    self.ff_norm = nnx.LayerNorm(d, epsilon=eps, rngs=rngs)
+    self.memory = plugins.build_memory(cfg, rngs)
+    self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
+
+  def __call__(self, h_btd: jax.Array, valid_bt: jax.Array):
+    a_btd = self.dropout(self.attn(h_btd, valid_bt))
+    if self.attn_adapter is not None:
+      a_btd = self.attn_adapter(a_btd)
+    h_btd = self.attn_norm(h_btd + a_btd)
+    f_btd, aux = self.ff(h_btd)
+    f_btd = self.dropout(f_btd)
+    if self.ff_adapter is not None:
+      f_btd = self.ff_adapter(f_btd)
+    h_btd = self.ff_norm(h_btd + f_btd)
+    if self.memory is not None:
+      h_btd, memory_aux = self.memory(h_btd)
+      aux = {**aux, **{f"memory/{k}": v for k, v in memory_aux.items() if k != "reg_loss"}}
+    return h_btd, aux
+
+
+class Encoder(nnx.Module):
+  """RoBERTa-compatible encoder: `h_btd, aux = encoder(tokens_bt)` (module docstring).
+
+  Padding (`tokens == pad_id`) is masked out of attention. Random init as BERT's: weights
+  `N(0, init_std^2)` (0.02), zero biases, unit LayerNorm scales.
+  """
+
+  def __init__(self, cfg: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
+    validate_encoder_config(cfg)
+    self.pad_id, self.d_model = cfg.pad_id, cfg.d_model
+    std = cfg.init_std
+    self.word_embeddings = _embedding(cfg.vocab_size, cfg.d_model, std, rngs)
+    self.position_embeddings = _embedding(cfg.max_positions, cfg.d_model, std, rngs)
+    self.type_embeddings = _embedding(cfg.type_vocab_size, cfg.d_model, std, rngs)
+    self.embed_norm = nnx.LayerNorm(cfg.d_model, epsilon=cfg.layer_norm_eps, rngs=rngs)
+    self.embed_dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
+    self.layers = nnx.List([EncoderLayer(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
+
+  def embed(self, tokens_bt: jax.Array) -> jax.Array:
+    positions_bt = roberta_positions(tokens_bt, self.pad_id)
+    h_btd = (self.word_embeddings(tokens_bt) + self.position_embeddings(positions_bt)
+             + self.type_embeddings(jnp.zeros_like(tokens_bt)))
+    return self.embed_dropout(self.embed_norm(h_btd))
+
+  def __call__(self, tokens_bt: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+    valid_bt = tokens_bt != self.pad_id
+    h_btd = self.embed(tokens_bt)
+    reg_loss, aux = jnp.zeros((), jnp.float32), {}
+    for i, layer in enumerate(self.layers):
+      h_btd, layer_aux = layer(h_btd, valid_bt)
+      reg_loss = reg_loss + layer_aux.pop("reg_loss", 0.0)
+      aux.update({f"layer{i}/{k}": v for k, v in layer_aux.items()})
+    return h_btd, {"reg_loss": reg_loss, **aux}
+
+
+def roberta_base_config() -> ml_collections.ConfigDict:
+  """The `model` section of RoBERTa-base (125M parameters), no plug-ins."""
+  return ml_collections.ConfigDict({
+      "kind": "encoder", "vocab_size": 50265, "d_model": 768, "n_layers": 12, "n_heads": 12,
+      "max_positions": 514, "type_vocab_size": 1, "pad_id": 1, "layer_norm_eps": 1e-5,
+      "dropout": 0.1, "attn_dropout": 0.1, "init_std": 0.02,
+      "ff": {"kind": "dense", "d_ff": 3072, "activation": "gelu", "dropout": 0.0},
+      "memory": {"kind": "none"}, "adapters": {"kind": "none"},
+  })

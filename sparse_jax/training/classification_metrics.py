@@ -1,0 +1,151 @@
+"""GLUE evaluation metrics in plain numpy, and the per-task GLUE score.
+
+The fine-tuning tasks (`sparse_jax.data.classification`) are scored with the metrics GLUE
+(Wang et al., 2018) prescribes: accuracy, binary F1, Matthews correlation, and Pearson and
+Spearman correlation for the STS-B regression task. They are written here in numpy so the
+library depends on neither scikit-learn nor scipy; the tests compare them with both.
+
+Conventions: `pred` and `label` are 1-D arrays of equal, non-zero length (class ids for the
+classification metrics, floats for the correlations). Where a metric is undefined (a constant
+input to a correlation, no positive example for F1), it is 0.0, as scikit-learn returns for
+F1 and the Matthews correlation (scipy returns NaN for a constant correlation input; 0.0 keeps
+logs and model selection finite).
+
+`glue_score` is the single number per task that enters a GLUE average: accuracy for most
+tasks, the Matthews correlation for CoLA, the mean of Pearson and Spearman for STS-B, and the
+mean of accuracy and F1 for MRPC and QQP (the GLUE leaderboard's rule). Note that the SPARTAN
+paper (App. C) deviates: it reports accuracy alone for QQP (and does not name MRPC's metric),
+and averages MNLI using the matched validation set (MNLI-m) only.
+"""
+
+from typing import Callable, Iterable
+
+import numpy as np
+
+from sparse_jax import validation
+
+
+def _check_pair(pred: np.ndarray, label: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  pred, label = np.asarray(pred), np.asarray(label)
+  if pred.ndim != 1 or pred.shape != label.shape or not pred.size:
+    raise ValueError(f"metrics need two non-empty 1-D arrays of equal length; got shapes "
+                     f"{pred.shape} and {label.shape}.")
+  return pred, label
+
+
+def accuracy(pred: np.ndarray, label: np.ndarray) -> float:
+  """The fraction of predictions equal to their label."""
+  pred, label = _check_pair(pred, label)
+  return float(np.mean(pred == label))
+
+
+def f1(pred: np.ndarray, label: np.ndarray) -> float:
+  """Binary F1 of the positive class 1 (MRPC: equivalent; QQP: duplicate)."""
+  pred, label = _check_pair(pred, label)
+  true_pos = np.sum((pred == 1) & (label == 1))
+  false_pos = np.sum((pred == 1) & (label != 1))
+  false_neg = np.sum((pred != 1) & (label == 1))
+  denominator = 2 * true_pos + false_pos + false_neg
+  return float(2 * true_pos / denominator) if denominator else 0.0
+
+
+def _confusion_matrix(pred: np.ndarray, label: np.ndarray) -> np.ndarray:
+  """[num_classes, num_classes] counts, rows the labels, over the classes seen in either."""
+  classes, ids = np.unique(np.concatenate([label, pred]), return_inverse=True)
+  label_ids, pred_ids = ids[:len(label)], ids[len(label):]
+  counts = np.zeros((len(classes), len(classes)), np.int64)
+  np.add.at(counts, (label_ids, pred_ids), 1)
+  return counts
+
+
+def matthews_corrcoef(pred: np.ndarray, label: np.ndarray) -> float:
+  """Matthews correlation (the multiclass R_K of Gorodkin, 2004); 0.0 when undefined."""
+  pred, label = _check_pair(pred, label)
+  counts = _confusion_matrix(pred, label).astype(np.float64)
+  label_totals, pred_totals = counts.sum(axis=1), counts.sum(axis=0)
+  n, correct = counts.sum(), np.trace(counts)
+  cov_label_pred = correct * n - label_totals @ pred_totals
+  cov_pred_pred = n * n - pred_totals @ pred_totals
+  cov_label_label = n * n - label_totals @ label_totals
+  if cov_pred_pred * cov_label_label == 0:
+    return 0.0
+  return float(cov_label_pred / np.sqrt(cov_pred_pred * cov_label_label))
+
+
+def pearson(x: np.ndarray, y: np.ndarray) -> float:
+  """Pearson correlation coefficient; 0.0 when either input is constant."""
+  x, y = _check_pair(x, y)
+  x_centered = x.astype(np.float64) - np.mean(x, dtype=np.float64)
+  y_centered = y.astype(np.float64) - np.mean(y, dtype=np.float64)
+  norm = np.sqrt(np.sum(x_centered**2) * np.sum(y_centered**2))
+  if norm == 0:
+    return 0.0
+  return float(np.clip(np.sum(x_centered * y_centered) / norm, -1.0, 1.0))
+
+
+def average_ranks(x: np.ndarray) -> np.ndarray:
+  """1-based ranks of `x`, tied values sharing the mean of their ranks (scipy's 'average')."""
+  x = np.asarray(x)
+  order = np.argsort(x, kind="stable")
+  x_sorted = x[order]
+  starts_group = np.concatenate([[True], x_sorted[1:] != x_sorted[:-1]])
+  group_of_sorted = np.cumsum(starts_group) - 1
+  bounds = np.flatnonzero(np.concatenate([starts_group, [True]]))  # Group starts, then n.
+  group_mean_rank = (bounds[:-1] + bounds[1:] + 1) / 2.0  # Mean of ranks start+1 .. end.
+  ranks = np.empty(len(x), np.float64)
+  ranks[order] = group_mean_rank[group_of_sorted]
+  return ranks
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+  """Spearman rank correlation (Pearson of average ranks); 0.0 when either is constant."""
+  x, y = _check_pair(x, y)
+  return pearson(average_ranks(x), average_ranks(y))
+
+
+def pearson_spearman(x: np.ndarray, y: np.ndarray) -> float:
+  """The mean of Pearson and Spearman correlations: STS-B's GLUE score."""
+  return (pearson(x, y) + spearman(x, y)) / 2.0
+
+
+METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
+    "accuracy": accuracy,
+    "f1": f1,
+    "matthews_corrcoef": matthews_corrcoef,
+    "pearson": pearson,
+    "spearman": spearman,
+    "pearson_spearman": pearson_spearman,
+}
+
+# The metrics whose mean is a task's GLUE score; tasks not named here use accuracy.
+_SCORE_METRICS = {
+    "cola": ("matthews_corrcoef",),
+    "stsb": ("pearson", "spearman"),
+    "mrpc": ("accuracy", "f1"),
+    "qqp": ("accuracy", "f1"),
+}
+
+
+def compute(metric_names: Iterable[str], predictions: np.ndarray,
+            labels: np.ndarray) -> dict[str, float]:
+  """{name: value} of the named `METRICS` on predictions (class ids or scores) and labels."""
+  results = {}
+  for name in metric_names:
+    validation.require_choice(name, "metrics", METRICS)
+    results[name] = METRICS[name](predictions, labels)
+  return results
+
+
+def glue_score(task_name: str, metrics: dict[str, float]) -> float:
+  """The task's number in a GLUE average, from `compute`'s results for that task.
+
+  `task_name` is a task of `sparse_jax.data.classification` ("glue/cola", "stdlib_packages")
+  or a bare GLUE config name ("cola"). For MNLI, pass the matched validation results.
+  """
+  config = task_name.removeprefix("glue/")
+  needed = _SCORE_METRICS.get(config, ("accuracy",))
+  missing = [name for name in needed if name not in metrics]
+  if missing:
+    raise ValueError(f"glue_score({task_name!r}) needs metrics {list(needed)}; "
+                     f"missing {missing} from {sorted(metrics)}.")
+  return float(np.mean([metrics[name] for name in needed]))
