@@ -5,6 +5,8 @@
   python train.py --config=configs/X.py --print_params   # parameters and % FF FLOPs
   python train.py --config.mesh.fsdp=2 --config.mesh.expert=4   # a device mesh
   python train.py --coordinator_address=host0:1234 --num_processes=2 --process_id=0  # multi-host
+  python train.py --config=configs/spartan_stdlib.py      # fine-tune a frozen backbone (SPARTAN)
+  python train.py --config=configs/spartan_rte.py:houlsby --config.backbone.path=roberta-base
 
 Re-running with the same workdir resumes from its latest checkpoint.
 """
@@ -18,6 +20,7 @@ from ml_collections import config_flags
 
 from sparse_jax.models.accounting import model_report
 from sparse_jax.training import distributed, train_and_evaluate
+from sparse_jax.training.finetune import finetune_and_evaluate, is_finetune_config
 from sparse_jax.validation import ConfigError
 
 
@@ -60,8 +63,11 @@ def main(argv):
       for name, value in model_report(_CONFIG.value.model).items():
         print(f"{name}: {value:,.1f}" if isinstance(value, float) else f"{name}: {value:,d}")
       return
-    final = train_and_evaluate(_CONFIG.value, workdir)
-  except ConfigError as e:
+    if is_finetune_config(_CONFIG.value):
+      final = finetune_and_evaluate(_CONFIG.value, workdir)
+    else:
+      final = train_and_evaluate(_CONFIG.value, workdir)
+  except (ConfigError, FileNotFoundError) as e:
     sys.exit(f"train.py: {e}")
   if jax.process_index() == 0:
     print(f"final ({workdir}): " + ", ".join(f"{k}={v:.4g}" for k, v in final.items()))

@@ -2,9 +2,13 @@
 
 import os
 import shutil
+from unittest import mock
 
 import jax
 import pytest
+import tensorflow_datasets as tfds
+
+import glue_testing
 
 # Compile time dominates small JAX tests; these tests check semantics, not XLA's optimiser.
 jax.config.update("jax_disable_most_optimizations", True)
@@ -50,3 +54,33 @@ def tiny_config(stdlib_slice, tmp_path):
   config.eval.update(batch_size=2, mem_len=32, max_batches=4)
   config.mesh.data = 1  # one device; tests/training/test_parallel_training.py uses meshes.
   return config
+
+
+@pytest.fixture(scope="session")
+def glue_downloads(tmp_path_factory):
+  """A local folder per GLUE URL, holding the extracted archive in GLUE's layout."""
+  root = tmp_path_factory.mktemp("glue_downloads")
+  folders = {}
+  for i, (url, (folder, files)) in enumerate(glue_testing.GLUE_ARCHIVES.items()):
+    extracted = root / f"archive{i}"
+    os.makedirs(extracted / folder)
+    for name, text in files.items():
+      (extracted / folder / name).write_text(text, encoding="utf-8")
+    folders[url] = str(extracted)
+  return folders
+
+
+@pytest.fixture(scope="module")
+def offline_glue(glue_downloads):
+  """Patches TFDS's download manager (for the using module only) to serve `glue_downloads`;
+  records the URLs asked for."""
+  requested = []
+
+  def download_and_extract(self, url):
+    del self
+    requested.append(url)
+    return glue_downloads[url]
+
+  with mock.patch.object(tfds.download.DownloadManager, "download_and_extract",
+                         autospec=True, side_effect=download_and_extract):
+    yield requested

@@ -7,8 +7,11 @@ renormalised mixture of those reads back to `v` (Eq. 3). Only the K kept parents
 are gathered, never all `N_p * N_c`: that sparsity is what the paper's speed claim rests on.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from sparse_jax import validation
@@ -40,6 +43,65 @@ def gather_children(child_keys_pcd: jax.Array, child_values_pcd: jax.Array,
   return jnp.take(child_keys_pcd, ids_nk, axis=0), jnp.take(child_values_pcd, ids_nk, axis=0)
 
 
+def _child_read_forward(x_nd, keys_pcd, values_pcd, ids_nk, g_nk, temperature):
+  """Eq. 2 and Eq. 3's sum for the gathered children: `v_O [N, d]` and child attention."""
+  dtype = x_nd.dtype
+  keys_nkcd, values_nkcd = gather_children(keys_pcd, values_pcd, ids_nk)
+  child_logits_nkc = jnp.einsum("nd,nkcd->nkc", x_nd, keys_nkcd,
+                                preferred_element_type=_compute_dtype(dtype))
+  attn_nkc = jax.nn.softmax(child_logits_nkc / temperature, axis=-1)
+  weights_nkc = (g_nk[..., None] * attn_nkc).astype(dtype)
+  return jnp.einsum("nkc,nkcd->nd", weights_nkc, values_nkcd), attn_nkc
+
+
+def _per_child(ids_nk: jax.Array, per_slot_nkc: jax.Array, n_parents: int) -> jax.Array:
+  """`out[n, p, c] = sum_k [ids[n, k] = p] per_slot[n, k, c]`: slots laid out densely."""
+  one_hot_nkp = jax.nn.one_hot(ids_nk, n_parents, dtype=per_slot_nkc.dtype)
+  return jnp.einsum("nkp,nkc->npc", one_hot_nkp, per_slot_nkc)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def child_read(x_nd, keys_pcd, values_pcd, ids_nk, g_nk, temperature):
+  """`v_O = sum_k g_k C_{i_k}^V^T softmax(C_{i_k}^K v / temperature)` (Eq. 2-3), `[N, d]`.
+
+  The forward reads only the K chosen parents' children (one take per table). The
+  gradient of a take is a scatter-add of `N K N_c d` rows, which XLA's CPU backend runs
+  element by element; the custom VJP instead lays the per-slot coefficients out densely as
+  `[N, N_p, N_c]` (few numbers) and forms each table's gradient with one matmul against `x`
+  or the output gradient, e.g. `dC^V = sum_n w[n, p, c] dy[n]`.
+  """
+  return _child_read_forward(x_nd, keys_pcd, values_pcd, ids_nk, g_nk, temperature)[0]
+
+
+def _child_read_fwd(x_nd, keys_pcd, values_pcd, ids_nk, g_nk, temperature):
+  v_out_nd, attn_nkc = _child_read_forward(x_nd, keys_pcd, values_pcd, ids_nk, g_nk,
+                                           temperature)
+  return v_out_nd, (x_nd, keys_pcd, values_pcd, ids_nk, g_nk, attn_nkc)
+
+
+def _child_read_bwd(temperature, residuals, dy_nd):
+  x_nd, keys_pcd, values_pcd, ids_nk, g_nk, attn_nkc = residuals
+  n_parents, compute = keys_pcd.shape[0], attn_nkc.dtype
+  keys_nkcd, values_nkcd = gather_children(keys_pcd, values_pcd, ids_nk)
+  dweights_nkc = jnp.einsum("nd,nkcd->nkc", dy_nd, values_nkcd, preferred_element_type=compute)
+  dg_nk = jnp.sum(dweights_nkc * attn_nkc, axis=-1)
+  dattn_nkc = dweights_nkc * g_nk[..., None]
+  dlogits_nkc = attn_nkc * (dattn_nkc - jnp.sum(dattn_nkc * attn_nkc, -1, keepdims=True))
+  dlogits_nkc = dlogits_nkc / temperature
+  dx_nd = jnp.einsum("nkc,nkcd->nd", dlogits_nkc.astype(x_nd.dtype), keys_nkcd)
+  dkeys_pcd = jnp.einsum("npc,nd->pcd", _per_child(ids_nk, dlogits_nkc, n_parents).astype(
+      x_nd.dtype), x_nd)
+  weights_nkc = g_nk[..., None] * attn_nkc
+  dvalues_pcd = jnp.einsum("npc,nd->pcd", _per_child(ids_nk, weights_nkc, n_parents).astype(
+      dy_nd.dtype), dy_nd)
+  ids_zero = np.zeros(ids_nk.shape, dtype=jax.dtypes.float0)
+  return (dx_nd, dkeys_pcd.astype(keys_pcd.dtype), dvalues_pcd.astype(values_pcd.dtype),
+          ids_zero, dg_nk.astype(g_nk.dtype))
+
+
+child_read.defvjp(_child_read_fwd, _child_read_bwd)
+
+
 def spartan_memory(x_nd: jax.Array, parents_pd: jax.Array, child_keys_pcd: jax.Array,
                    child_values_pcd: jax.Array, *, top_k: int, temperature: float = 1.0):
   """Eq. 1-3 for rows `x [N, d]`: returns `(x + v_O [N, d], parent ids [N, K])`.
@@ -49,13 +111,8 @@ def spartan_memory(x_nd: jax.Array, parents_pd: jax.Array, child_keys_pcd: jax.A
   """
   dtype = x_nd.dtype
   g_nk, ids_nk = select_parents(x_nd, parents_pd.astype(dtype), top_k)
-  keys_nkcd, values_nkcd = gather_children(child_keys_pcd.astype(dtype),
-                                           child_values_pcd.astype(dtype), ids_nk)
-  child_logits_nkc = jnp.einsum("nd,nkcd->nkc", x_nd, keys_nkcd,
-                                preferred_element_type=_compute_dtype(dtype))
-  child_attn_nkc = jax.nn.softmax(child_logits_nkc / temperature, axis=-1)
-  weights_nkc = (g_nk[..., None] * child_attn_nkc).astype(dtype)
-  v_out_nd = jnp.einsum("nkc,nkcd->nd", weights_nkc, values_nkcd)
+  v_out_nd = child_read(x_nd, child_keys_pcd.astype(dtype), child_values_pcd.astype(dtype),
+                        ids_nk, g_nk, float(temperature))
   return x_nd + v_out_nd, ids_nk
 
 

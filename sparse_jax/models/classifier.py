@@ -5,10 +5,11 @@ The backbone is an `Encoder` (`model.kind = "encoder"`: RoBERTa) or a `Transform
 plug-in (`model.memory`), the encoder also adapters (`model.adapters`).
 `logits_bc, aux = classifier(tokens_bt, lengths_b)`; `num_classes = 1` is regression (STS-B).
 
-The head is RoBERTa's `RobertaClassificationHead` (no pooler): one position's hidden state
-`x`, `out_proj(Drop(tanh(dense(Drop(x)))))`. The position is the first token (`<s>`) for an
-encoder and the last real token (`lengths - 1`, the only one that has seen the whole input)
-for a causal LM.
+The head is RoBERTa's `RobertaClassificationHead` (no pooler): a pooled hidden state `x`,
+`out_proj(Drop(tanh(dense(Drop(x)))))`. An encoder pools its first token (`<s>`), as RoBERTa
+does. A causal LM has no such token: its last state is shaped by next-token prediction and
+reflects mostly the last few tokens, so it pools the mean of its states over the `lengths`
+real tokens instead.
 """
 
 import jax
@@ -62,6 +63,7 @@ class SequenceClassifier(nnx.Module):
       pooled_bd = h_btd[:, 0]
     else:
       h_btd, _, aux = self.backbone.hidden_states(tokens_bt)
-      last_b = jnp.maximum(lengths_b - 1, 0)
-      pooled_bd = jnp.take_along_axis(h_btd, last_b[:, None, None], axis=1)[:, 0]
+      real_bt = jnp.arange(tokens_bt.shape[1])[None, :] < lengths_b[:, None]
+      pooled_bd = (jnp.einsum("btd,bt->bd", h_btd.astype(jnp.float32), real_bt)
+                   / jnp.maximum(lengths_b, 1)[:, None])
     return self.head(pooled_bd.astype(jnp.float32)), aux

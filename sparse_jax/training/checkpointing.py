@@ -23,7 +23,7 @@ def checkpoint_dir(workdir: str) -> str:
   return os.path.join(os.path.abspath(workdir), "checkpoints")
 
 
-def _abstract(tree):
+def abstract_state(tree):
   return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
 
 
@@ -58,9 +58,9 @@ class Checkpointer:
     """Restores model, optimiser and iterator in place; returns the saved memory."""
     memory_tree = {"hidden": memory.hidden_lbmd, "valid": memory.valid}
     restored = self._manager.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(_abstract(nnx.state(model, _NOT_RNG))),
-        opt_state=ocp.args.StandardRestore(_abstract(nnx.state(optimizer))),
-        memory=ocp.args.StandardRestore(_abstract(memory_tree)),
+        params=ocp.args.StandardRestore(abstract_state(nnx.state(model, _NOT_RNG))),
+        opt_state=ocp.args.StandardRestore(abstract_state(nnx.state(optimizer))),
+        memory=ocp.args.StandardRestore(abstract_state(memory_tree)),
         data=grain.checkpoint.CheckpointRestore(data_iterator),
     ))
     nnx.update(model, restored.params)
@@ -70,7 +70,7 @@ class Checkpointer:
   def restore_params(self, step: int, model: nnx.Module) -> None:
     """Restores only the model variables (for evaluation)."""
     restored = self._manager.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(_abstract(nnx.state(model, _NOT_RNG)))))
+        params=ocp.args.StandardRestore(abstract_state(nnx.state(model, _NOT_RNG)))))
     nnx.update(model, restored.params)
 
   def restore_config(self, step: int) -> ml_collections.ConfigDict:

@@ -23,6 +23,16 @@ _PLUGIN_PATHS = {"spartan": ("memory",), "houlsby": ("attn_adapter", "ff_adapter
                  "pfeiffer": ("ff_adapter",), "head": (), "full": ()}
 
 
+def default_method_config(kind: str) -> ml_collections.ConfigDict:
+  """The `method` section with the paper's settings (App. A): N_p 16, N_c 3, top-K 8;
+  bottleneck 64; the reference's trainable LayerNorms."""
+  return ml_collections.ConfigDict({
+      "kind": kind, "train_layer_norms": kind != "head", "head_dropout": 0.1,
+      "spartan": {"n_parents": 16, "n_children": 3, "top_k": 8, "temperature": 1.0},
+      "adapter": {"bottleneck": 64, "activation": "relu"},
+  })
+
+
 def validate_method_config(method: ml_collections.ConfigDict) -> None:
   validation.require_choice(method.get("kind"), "method.kind", METHODS)
   validation.require(isinstance(method.get("train_layer_norms", False), bool),
@@ -43,7 +53,8 @@ def with_method(model_cfg: ml_collections.ConfigDict,
   return cfg
 
 
-def _is_layer_norm(path, _) -> bool:
+def is_layer_norm(path, _) -> bool:
+  """An NNX filter: a LayerNorm's parameters (a path part ending in "norm")."""
   return any(isinstance(part, str) and part.endswith("norm") for part in path)
 
 
@@ -54,5 +65,5 @@ def trainable_filter(method: ml_collections.ConfigDict):
     return nnx.Param
   parts = [nnx.PathContains("head"), *map(nnx.PathContains, _PLUGIN_PATHS[method.kind])]
   if method.get("train_layer_norms", False):
-    parts.append(_is_layer_norm)
+    parts.append(is_layer_norm)
   return nnx.All(nnx.Param, nnx.Any(*parts))

@@ -7,7 +7,6 @@ random records check the fields and label types without preparing anything.
 """
 
 import os
-from unittest import mock
 
 import ml_collections
 import numpy as np
@@ -15,69 +14,10 @@ import pytest
 import tensorflow_datasets as tfds
 from tensorflow_datasets.text import glue
 
+from glue_testing import GLUE_ARCHIVES
+
 from sparse_jax.data import classification
 from sparse_jax.training import classification_metrics
-
-# Each archive's folder: {file name: TSV text}, in the columns GLUE's files have.
-_ARCHIVES = {
-    "https://dl.fbaipublicfiles.com/glue/data/CoLA.zip": ("CoLA", {
-        # CoLA's train/dev files have no header: source, label, original label, sentence.
-        "train.tsv": "gj04\t1\t\tOur friends won't buy this analysis.\n"
-                     "gj04\t0\t*\tThey drank the pub.\n"
-                     "gj04\t1\t\tThe café is \"open\".\n",
-        "dev.tsv": "gj04\t0\t*\tHim left.\ngj04\t1\t\tShe left.\n",
-        "test.tsv": "index\tsentence\n0\tWhat left?\n",
-    }),
-    "https://dl.fbaipublicfiles.com/glue/data/RTE.zip": ("RTE", {
-        "train.tsv": "index\tsentence1\tsentence2\tlabel\n"
-                     "0\tA dog runs.\tAn animal moves.\tentailment\n"
-                     "1\tIt rains.\tThe sun is out.\tnot_entailment\n"
-                     "2\tParis is in France.\tParis is in Europe.\tentailment\n",
-        "dev.tsv": "index\tsentence1\tsentence2\tlabel\n"
-                   "0\tSam ate lunch.\tSam was hungry.\tnot_entailment\n"
-                   "1\tTwo cats sleep.\tCats sleep.\tentailment\n",
-        "test.tsv": "index\tsentence1\tsentence2\n0\tA is B.\tB is A.\n",
-    }),
-    "https://dl.fbaipublicfiles.com/glue/data/MNLI.zip": ("MNLI", {
-        f"{name}.tsv": "index\tgenre\tsentence1\tsentence2\tgold_label\n"
-                       f"0\tfiction\t{name} premise one.\t{name} hypothesis one.\tneutral\n"
-                       f"1\ttravel\t{name} premise two.\t{name} hypothesis two.\tcontradiction\n"
-        for name in ("train", "dev_matched", "dev_mismatched")
-    } | {
-        f"{name}.tsv": "index\tgenre\tsentence1\tsentence2\n0\tfiction\tP.\tH.\n"
-        for name in ("test_matched", "test_mismatched")
-    }),
-}
-
-
-@pytest.fixture(scope="module")
-def glue_downloads(tmp_path_factory):
-  """A local folder per GLUE URL, holding the extracted archive in GLUE's layout."""
-  root = tmp_path_factory.mktemp("glue_downloads")
-  folders = {}
-  for i, (url, (folder, files)) in enumerate(_ARCHIVES.items()):
-    extracted = root / f"archive{i}"
-    os.makedirs(extracted / folder)
-    for name, text in files.items():
-      (extracted / folder / name).write_text(text, encoding="utf-8")
-    folders[url] = str(extracted)
-  return folders
-
-
-@pytest.fixture(scope="module")
-def offline_glue(glue_downloads):
-  """Patches TFDS's download manager to serve `glue_downloads`; records the URLs asked for."""
-  requested = []
-
-  def download_and_extract(self, url):
-    del self
-    requested.append(url)
-    return glue_downloads[url]
-
-  with mock.patch.object(tfds.download.DownloadManager, "download_and_extract",
-                         autospec=True, side_effect=download_and_extract):
-    yield requested
-
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
@@ -91,7 +31,7 @@ def task(name, data_dir, **fields):
 def test_real_builder_urls_are_the_served_ones():
   """The fake archives stand in for exactly the URLs the real builder downloads."""
   for config in ("cola", "rte", "mnli"):
-    assert glue.Glue(config=config, data_dir="/nonexistent").builder_config.data_url in _ARCHIVES
+    assert glue.Glue(config=config, data_dir="/nonexistent").builder_config.data_url in GLUE_ARCHIVES
 
 
 def test_one_text_task_cola(offline_glue, data_dir):

@@ -4,35 +4,13 @@ models saved in the test: hidden states, tokenization, plug-ins at their identit
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import tokenizers
 import torch
 import transformers
 from flax import nnx
+from hf_testing import PAD, save_random_roberta, save_tokenizer
 
 from sparse_jax.data.task_tokenizers import RobertaTokenizer
 from sparse_jax.models import hf_roberta
-from sparse_jax.models.encoder import Encoder
-
-PAD = 1
-
-
-def _save_random_roberta(path, head: bool = False):
-  """A small RoBERTa with every tensor random (LayerNorms too), saved with `save_pretrained`."""
-  config = transformers.RobertaConfig(
-      vocab_size=61, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-      intermediate_size=48, max_position_embeddings=40, type_vocab_size=1, pad_token_id=PAD,
-      hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
-  torch.manual_seed(0)
-  cls = transformers.RobertaForSequenceClassification if head else transformers.RobertaModel
-  model = cls(config)
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      base = 1.0 if "LayerNorm.weight" in name else 0.0
-      p.copy_(base + 0.2 * torch.randn_like(p))
-  model.eval()
-  model.save_pretrained(path)
-  return model
-
 
 def _tokens(rng, batch=3, t=11):
   """`<s>` first, random ids, and padding at the end of every row but the first."""
@@ -45,7 +23,7 @@ def _tokens(rng, batch=3, t=11):
 
 @pytest.mark.parametrize("head", [False, True])
 def test_imported_encoder_reproduces_hugging_face_hidden_states(tmp_path, head):
-  hf_model = _save_random_roberta(tmp_path, head=head)
+  hf_model = save_random_roberta(tmp_path, head=head)
   tokens = _tokens(np.random.default_rng(1))
   with torch.no_grad():
     backbone = hf_model.roberta if head else hf_model
@@ -62,7 +40,7 @@ def test_imported_encoder_reproduces_hugging_face_hidden_states(tmp_path, head):
 
 @pytest.mark.parametrize("adapters", ["houlsby", "pfeiffer"])
 def test_adapters_at_init_keep_the_backbone_outputs(tmp_path, adapters):
-  _save_random_roberta(tmp_path)
+  save_random_roberta(tmp_path)
   cfg = hf_roberta.encoder_config(str(tmp_path))
   plain = hf_roberta.load_encoder(str(tmp_path), rngs=nnx.Rngs(0))
   cfg.adapters = {"kind": adapters, "bottleneck": 8, "activation": "relu"}
@@ -82,7 +60,7 @@ def test_missing_files_name_the_path(tmp_path):
 
 
 def test_weights_of_another_shape_are_refused(tmp_path):
-  _save_random_roberta(tmp_path)
+  save_random_roberta(tmp_path)
   cfg = hf_roberta.encoder_config(str(tmp_path))
   cfg.ff.d_ff = 40
   with pytest.raises(ValueError, match="intermediate.dense.weight"):
@@ -91,12 +69,7 @@ def test_weights_of_another_shape_are_refused(tmp_path):
 
 @pytest.mark.parametrize("files", ["vocab_merges", "tokenizer_json"])
 def test_tokenizer_matches_hugging_face(tmp_path, files):
-  corpus = ["The quick brown fox jumps over the lazy dog.", "Sparse memories, frozen backbones!",
-            "def f(x):\n    return x * 2  # bytes: \u00e9\u00e8"] * 20
-  bpe = tokenizers.ByteLevelBPETokenizer()
-  bpe.train_from_iterator(corpus, vocab_size=320,
-                          special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
-  bpe.save_model(str(tmp_path))
+  save_tokenizer(tmp_path)
   hf = transformers.RobertaTokenizerFast.from_pretrained(str(tmp_path))
   if files == "tokenizer_json":
     hf.save_pretrained(str(tmp_path))

@@ -1,0 +1,75 @@
+"""Pretrained backbones for fine-tuning, from the `backbone` config section.
+
+- `kind = "hf_roberta"`, `path`: a local Hugging Face RoBERTa directory (config.json,
+  model.safetensors, tokenizer files), imported by `sparse_jax.models.hf_roberta`.
+- `kind = "lm_checkpoint"`, `path` (a `train.py` workdir), `step` (None: latest): a byte-level
+  `TransformerLM` trained by our own `train.py`, restored from its Orbax checkpoint.
+
+`build_classifier` returns a `SequenceClassifier` whose backbone holds the pretrained weights,
+with the plug-ins of `method` freshly initialised on top, and the tokenizer that goes with it.
+"""
+
+import ml_collections
+from flax import nnx
+
+from sparse_jax import validation
+from sparse_jax.data.task_tokenizers import ByteTokenizer, RobertaTokenizer
+from sparse_jax.models import hf_roberta
+from sparse_jax.models.classifier import SequenceClassifier
+from sparse_jax.models.lm import TransformerLM
+from sparse_jax.training.checkpointing import Checkpointer
+from sparse_jax.training.freezing import with_method
+from sparse_jax.training.steps import make_rngs
+
+BACKBONES = ("hf_roberta", "lm_checkpoint")
+
+
+def validate_backbone_config(cfg: ml_collections.ConfigDict) -> None:
+  validation.require_choice(cfg.get("kind"), "backbone.kind", BACKBONES)
+  validation.require(isinstance(cfg.get("path"), str) and cfg.path, "backbone.path",
+                     "a directory (HF RoBERTa or a train.py workdir)", cfg.get("path"))
+  step = cfg.get("step")
+  validation.require(step is None or (isinstance(step, int) and step > 0), "backbone.step",
+                     "None (latest) or a checkpoint step", step)
+
+
+def _lm_checkpoint(cfg: ml_collections.ConfigDict):
+  """The saved `model` section and a `TransformerLM` holding the checkpoint's parameters."""
+  checkpointer = Checkpointer(cfg.path)
+  try:
+    steps = checkpointer.all_steps()
+    step = cfg.get("step") or (max(steps) if steps else None)
+    if step not in steps:
+      raise FileNotFoundError(
+          f"no checkpoint{'' if step is None else f' of step {step}'} in {cfg.path}/checkpoints"
+          f": pretrain the backbone first, e.g. `python train.py --workdir={cfg.path}`.")
+    model_cfg = checkpointer.restore_config(step).model
+    lm = TransformerLM(model_cfg, rngs=make_rngs(0))
+    checkpointer.restore_params(step, lm)
+  finally:
+    checkpointer.close()
+  validation.require(model_cfg.vocab_size == ByteTokenizer.vocab_size, "backbone.path",
+                     "a byte-level LM (vocab_size 256) for the byte tokenizer",
+                     f"{cfg.path} (vocab_size {model_cfg.vocab_size})")
+  return model_cfg, lm
+
+
+def load_backbone(cfg: ml_collections.ConfigDict):
+  """`(model config, pretrained backbone module, tokenizer)` of a `backbone` section."""
+  validate_backbone_config(cfg)
+  if cfg.kind == "hf_roberta":
+    model_cfg = hf_roberta.encoder_config(cfg.path)
+    tokenizer = RobertaTokenizer(cfg.path)
+    return model_cfg, hf_roberta.load_encoder(cfg.path, model_cfg, rngs=make_rngs(0)), tokenizer
+  model_cfg, lm = _lm_checkpoint(cfg)
+  return model_cfg, lm, ByteTokenizer()
+
+
+def build_classifier(config: ml_collections.ConfigDict, num_classes: int):
+  """`(classifier, tokenizer)`: the pretrained backbone with `config.method`'s plug-ins."""
+  model_cfg, pretrained, tokenizer = load_backbone(config.backbone)
+  classifier = SequenceClassifier(with_method(model_cfg, config.method), num_classes,
+                                  head_dropout=config.method.get("head_dropout", 0.1),
+                                  rngs=make_rngs(config.seed))
+  nnx.update(classifier.backbone, nnx.state(pretrained, nnx.Param))
+  return classifier, tokenizer
