@@ -6,7 +6,8 @@
 Inference throughput (Sec. 5, App. F: instances per minute at batch 32 on CPU) of four
 variants with random weights: `roberta` (the backbone and task head alone, i.e. the model of
 the `head` method; full fine-tuning runs the same graph), `spartan`, `houlsby` and `pfeiffer`
-(the plug-ins with the paper's settings, `freezing.default_method_config`). Each variant's
+(the plug-ins with the paper's settings, `freezing.default_method_config`), and
+`spartan_gather`, SPARTAN reading only the chosen parents' children. Each variant's
 eval forward is jitted and warmed up (compilation excluded), then the variants take turns
 call by call for `--repeats` rounds, so drift in the machine's load hits all of them alike.
 Reported: median seconds per batch, instances per minute, and the ratio to `roberta`.
@@ -39,9 +40,12 @@ from sparse_jax.models.classifier import SequenceClassifier
 from sparse_jax.models.encoder import roberta_base_config
 from sparse_jax.training import freezing
 
-# variant: (method whose model is timed for inference, method whose training and storage count)
-VARIANTS = {"roberta": ("head", "full"), "spartan": ("spartan", "spartan"),
-            "houlsby": ("houlsby", "houlsby"), "pfeiffer": ("pfeiffer", "pfeiffer")}
+# variant: (method whose model is timed for inference, method whose training and storage
+# count, SPARTAN's child read or None). `spartan` reads densely (auto at N_p 16, K 8);
+# `spartan_gather` is the same memory reading only the chosen parents' children.
+VARIANTS = {"roberta": ("head", "full", None), "spartan": ("spartan", "spartan", "auto"),
+            "spartan_gather": ("spartan", "spartan", "gather"),
+            "houlsby": ("houlsby", "houlsby", None), "pfeiffer": ("pfeiffer", "pfeiffer", None)}
 NUM_CLASSES = 2
 LEARNING_RATE = 1e-3
 
@@ -55,9 +59,12 @@ def preset_config(preset: str) -> ml_collections.ConfigDict:
   return cfg
 
 
-def build_model(model_cfg: ml_collections.ConfigDict, method: str) -> SequenceClassifier:
-  """The classifier of `method` with random weights (seed 0)."""
+def build_model(model_cfg: ml_collections.ConfigDict, method: str,
+                read: str | None) -> SequenceClassifier:
+  """The classifier of `method` (SPARTAN with child read `read`) with random weights (seed 0)."""
   method_cfg = freezing.default_method_config(method)
+  if read is not None:
+    method_cfg.spartan.read = read
   return SequenceClassifier(freezing.with_method(model_cfg, method_cfg), NUM_CLASSES,
                             head_dropout=method_cfg.head_dropout, rngs=nnx.Rngs(0))
 
@@ -202,8 +209,8 @@ def main(argv=None) -> dict:
                                args.n_tasks) for m in freezing.METHODS}
   result = {"machine": machine_info(), **vars(args), "storage": storage}
   # One model per variant serves both phases: `head` and `full` build the same RoBERTa.
-  models = {name: build_model(model_cfg, train_method)
-            for name, (_, train_method) in VARIANTS.items()}
+  models = {name: build_model(model_cfg, train_method, read)
+            for name, (_, train_method, read) in VARIANTS.items()}
   result["inference"] = time_phase(
       "inference", {name: make_inference(model) for name, model in models.items()}, batch,
       args, storage)

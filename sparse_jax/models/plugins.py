@@ -15,7 +15,7 @@ from flax import nnx
 from sparse_jax import validation
 from sparse_jax.layers.adapters import ADAPTERS_PER_LAYER, BottleneckAdapter
 from sparse_jax.layers.dense_ff import ACTIVATIONS
-from sparse_jax.layers.spartan import SpartanMemory
+from sparse_jax.layers import spartan
 
 MEMORY_KINDS = ("none", "spartan")
 ADAPTER_KINDS = ("none", *ADAPTERS_PER_LAYER)
@@ -29,7 +29,8 @@ def adapter_kind(cfg: ml_collections.ConfigDict) -> str:
   return (cfg.get("adapters") or {}).get("kind", "none")
 
 
-def build_memory(cfg: ml_collections.ConfigDict, rngs: nnx.Rngs) -> SpartanMemory | None:
+def build_memory(cfg: ml_collections.ConfigDict,
+                 rngs: nnx.Rngs) -> spartan.SpartanMemory | None:
   """The memory of `cfg.memory` for one layer of width `cfg.d_model`, or None."""
   kind = memory_kind(cfg)
   validation.require_choice(kind, "model.memory.kind", MEMORY_KINDS)
@@ -44,7 +45,10 @@ def build_memory(cfg: ml_collections.ConfigDict, rngs: nnx.Rngs) -> SpartanMemor
   temperature = memory.get("temperature", 1.0)
   validation.require(isinstance(temperature, (int, float)) and temperature > 0,
                      "model.memory.temperature", "a positive number", temperature)
-  return SpartanMemory(cfg.d_model, **fields, temperature=temperature, rngs=rngs)
+  read = memory.get("read", "auto")
+  validation.require_choice(read, "model.memory.read", ("auto", *spartan.READS))
+  return spartan.SpartanMemory(cfg.d_model, **fields, temperature=temperature, read=read,
+                               rngs=rngs)
 
 
 def build_adapter(cfg: ml_collections.ConfigDict, position: str,

@@ -28,7 +28,8 @@ def default_method_config(kind: str) -> ml_collections.ConfigDict:
   bottleneck 64; the reference's trainable LayerNorms."""
   return ml_collections.ConfigDict({
       "kind": kind, "train_layer_norms": kind != "head", "head_dropout": 0.1,
-      "spartan": {"n_parents": 16, "n_children": 3, "top_k": 8, "temperature": 1.0},
+      "spartan": {"n_parents": 16, "n_children": 3, "top_k": 8, "temperature": 1.0,
+                  "read": "auto"},
       "adapter": {"bottleneck": 64, "activation": "relu"},
   })
 

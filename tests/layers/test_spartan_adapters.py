@@ -45,11 +45,12 @@ def _set_params(layer, parents, keys, values):
   layer.child_values[...] = jnp.asarray(values, jnp.float32)
 
 
+@pytest.mark.parametrize("read", ["gather", "dense"])
 @pytest.mark.parametrize("temperature", [1.0, 1.6])
-def test_spartan_matches_float64_reference(temperature):
+def test_spartan_matches_float64_reference(temperature, read):
   rng = np.random.default_rng(0)
   params = [p.astype(np.float32) for p in _random_memory(rng)]
-  layer = SpartanMemory(D, N_P, N_C, K, temperature=temperature, rngs=nnx.Rngs(0))
+  layer = SpartanMemory(D, N_P, N_C, K, temperature=temperature, read=read, rngs=nnx.Rngs(0))
   _set_params(layer, *params)
   x = rng.normal(size=(2, 5, D)).astype(np.float32)
   y, aux = layer(jnp.asarray(x))
@@ -85,7 +86,8 @@ def test_only_the_chosen_parents_children_are_read():
   assert keys_nkcd.shape == values_nkcd.shape == (3, top_k, N_C, D)
 
 
-def test_spartan_gradients_match_finite_differences_in_float64():
+@pytest.mark.parametrize("read", ["gather", "dense"])
+def test_spartan_gradients_match_finite_differences_in_float64(read):
   rng = np.random.default_rng(2)
   with jax.enable_x64(True):
     parents, keys, values = [jnp.asarray(p, jnp.float64) for p in _random_memory(rng)]
@@ -94,7 +96,7 @@ def test_spartan_gradients_match_finite_differences_in_float64():
     assert np.min(sorted_logits[:, K - 1] - sorted_logits[:, K]) > 1e-2  # no top-K flips
 
     def f(x, p, k, v):
-      return spartan_memory(x, p, k, v, top_k=K, temperature=1.6)[0]
+      return spartan_memory(x, p, k, v, top_k=K, temperature=1.6, read=read)[0]
 
     check_grads(f, (x_nd, parents, keys, values), order=1, modes=("rev",))
 
@@ -106,7 +108,11 @@ def test_spartan_init_is_near_identity_and_counts_are_closed_form():
   y, _ = layer(x)
   assert float(jnp.linalg.norm(y - x) / jnp.linalg.norm(x)) < 0.05
   assert count_params(layer) == spartan_params(d, n_p, n_c) == (n_p + 2 * n_p * n_c) * d
-  assert layer.flops_per_token() == (n_p + 2 * top_k * n_c) * d
+  assert layer.read == "dense"  # auto: K = N_p / 2 chosen, so all children are read densely.
+  assert layer.flops_per_token() == (n_p + 2 * n_p * n_c) * d
+  sparse = SpartanMemory(d, n_p, n_c, top_k, read="gather", rngs=nnx.Rngs(0))
+  assert sparse.flops_per_token() == (n_p + 2 * top_k * n_c) * d
+  np.testing.assert_allclose(sparse(x)[0], y, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("kwargs, field", [({"top_k": 7}, "top_k"), ({"top_k": 0}, "top_k"),
