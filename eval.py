@@ -2,8 +2,9 @@
 
   python eval.py --workdir=runs/default [--step=N] [--split=validation|test]
 
-The model is rebuilt from the config saved with the checkpoint; results are printed and
-written to WORKDIR/eval_<split>_<step>.json.
+The model is rebuilt from the config saved with the checkpoint (a fine-tuning run: the
+backbone from `backbone.path`, then the saved trainable part; scored with the task's
+metrics); results are printed and written to WORKDIR/eval_<split>_<step>.json.
 """
 
 import sys
@@ -11,6 +12,7 @@ import sys
 from absl import app, flags, logging
 
 from sparse_jax.training.evaluate_checkpoint import NoCheckpointError, evaluate_checkpoint
+from sparse_jax.training.finetune import HiddenLabelsError
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints/.",
                                required=True)
@@ -26,7 +28,7 @@ def main(argv):
   try:
     results, path = evaluate_checkpoint(_WORKDIR.value, step=_STEP.value, split=_SPLIT.value,
                                         max_batches=_MAX_BATCHES.value)
-  except NoCheckpointError as e:
+  except (NoCheckpointError, HiddenLabelsError) as e:
     sys.exit(f"eval.py: {e}")
   print(", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
                   for k, v in results.items()))

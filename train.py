@@ -20,7 +20,8 @@ from ml_collections import config_flags
 
 from sparse_jax.models.accounting import model_report
 from sparse_jax.training import distributed, train_and_evaluate
-from sparse_jax.training.finetune import finetune_and_evaluate, is_finetune_config
+from sparse_jax.training.finetune import (finetune_and_evaluate, finetune_storage_report,
+                                         is_finetune_config)
 from sparse_jax.validation import ConfigError
 
 
@@ -32,7 +33,8 @@ _CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py",
                                           "Experiment config file (get_config()).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/<config name>).")
 _PRINT_PARAMS = flags.DEFINE_bool(
-    "print_params", False, "Print the model's parameter and FF FLOP counts, then exit.")
+    "print_params", False, "Print the model's parameter and FF FLOP counts (fine-tuning: trainable parameters and "
+    "storage per task), then exit.")
 _COORDINATOR = flags.DEFINE_string(
     "coordinator_address", os.environ.get("JAX_COORDINATOR_ADDRESS"),
     "Multi-process job: host:port of process 0 (env JAX_COORDINATOR_ADDRESS).")
@@ -60,8 +62,11 @@ def main(argv):
     distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                            auto=_DISTRIBUTED.value)
     if _PRINT_PARAMS.value:
-      for name, value in model_report(_CONFIG.value.model).items():
-        print(f"{name}: {value:,.1f}" if isinstance(value, float) else f"{name}: {value:,d}")
+      report = (finetune_storage_report(_CONFIG.value) if is_finetune_config(_CONFIG.value)
+                else model_report(_CONFIG.value.model))
+      for name, value in report.items():
+        print(f"{name}: {value:,.3f}" if isinstance(value, float) else
+              f"{name}: {value:,d}" if isinstance(value, int) else f"{name}: {value}")
       return
     if is_finetune_config(_CONFIG.value):
       final = finetune_and_evaluate(_CONFIG.value, workdir)

@@ -108,8 +108,10 @@ def dense_child_read(x_nd, keys_pcd, values_pcd, ids_nk, g_nk, temperature):
   Scores every child (`x C^K^T`), takes each parent's child softmax, weights it by the
   renormalised `g` of the chosen parents (zero elsewhere) and reads the values with one
   matmul. It touches unchosen children, but never copies rows per position: with the
-  paper's N_p = 16 and K = 8 the chosen parents are half of all, and on CPU this is several
-  times faster than gathering `[N, K, N_c, d]` (`benchmarks/spartan_throughput.py`).
+  paper's N_p = 16 and K = 8 the chosen parents are half of all, and gathering
+  `[N, K, N_c, d]` copies is memory-bound. On 2 CPU cores, RoBERTa-base with 12 SPARTAN
+  memories (batch 32 x 128) ran inference 1.25x faster with this read than with the gather
+  (`benchmarks/spartan_throughput.py`, RESULTS.md).
   """
   n_parents, n_children, d = keys_pcd.shape
   logits_npc = jnp.einsum("nd,pcd->npc", x_nd, keys_pcd,

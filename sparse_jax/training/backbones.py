@@ -33,16 +33,33 @@ def validate_backbone_config(cfg: ml_collections.ConfigDict) -> None:
                      "None (latest) or a checkpoint step", step)
 
 
+def _saved_step(checkpointer: Checkpointer, cfg: ml_collections.ConfigDict) -> int:
+  steps = checkpointer.all_steps()
+  step = cfg.get("step") or (max(steps) if steps else None)
+  if step not in steps:
+    raise FileNotFoundError(
+        f"no checkpoint{'' if step is None else f' of step {step}'} in {cfg.path}/checkpoints"
+        f": pretrain the backbone first, e.g. `python train.py --workdir={cfg.path}`.")
+  return step
+
+
+def backbone_model_config(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The backbone's `model` section (no plug-ins), read without loading any weights."""
+  validate_backbone_config(cfg)
+  if cfg.kind == "hf_roberta":
+    return hf_roberta.encoder_config(cfg.path)
+  checkpointer = Checkpointer(cfg.path)
+  try:
+    return checkpointer.restore_config(_saved_step(checkpointer, cfg)).model
+  finally:
+    checkpointer.close()
+
+
 def _lm_checkpoint(cfg: ml_collections.ConfigDict):
   """The saved `model` section and a `TransformerLM` holding the checkpoint's parameters."""
   checkpointer = Checkpointer(cfg.path)
   try:
-    steps = checkpointer.all_steps()
-    step = cfg.get("step") or (max(steps) if steps else None)
-    if step not in steps:
-      raise FileNotFoundError(
-          f"no checkpoint{'' if step is None else f' of step {step}'} in {cfg.path}/checkpoints"
-          f": pretrain the backbone first, e.g. `python train.py --workdir={cfg.path}`.")
+    step = _saved_step(checkpointer, cfg)
     model_cfg = checkpointer.restore_config(step).model
     lm = TransformerLM(model_cfg, rngs=make_rngs(0))
     checkpointer.restore_params(step, lm)

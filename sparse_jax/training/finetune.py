@@ -21,7 +21,9 @@ from tqdm import tqdm
 from sparse_jax import validation
 from sparse_jax.data import classification, task_batches
 from sparse_jax.training import classification_metrics
-from sparse_jax.training.backbones import build_classifier, validate_backbone_config
+from sparse_jax.analysis.storage import storage_report
+from sparse_jax.training.backbones import (backbone_model_config, build_classifier,
+                                           validate_backbone_config)
 from sparse_jax.training.freezing import trainable_filter, validate_method_config
 from sparse_jax.training.metrics_writer import MetricsWriter
 from sparse_jax.training.optimizer import make_optimizer, validate_train_config
@@ -57,6 +59,18 @@ def validate_finetune_config(config: ml_collections.ConfigDict) -> None:
                      max_examples)
 
 
+class HiddenLabelsError(ValueError):
+  """The split's labels are hidden (GLUE test splits), so it cannot be scored."""
+
+
+def finetune_storage_report(config: ml_collections.ConfigDict) -> dict:
+  """Parameters and storage per task of `config`'s method on its backbone (SPARTAN App. E)."""
+  validate_finetune_config(config)
+  spec = classification.task_spec(config.task)
+  return storage_report(backbone_model_config(config.backbone), config.method,
+                        num_classes=spec.num_classes)
+
+
 def tokenized_split(config, spec, tokenizer, split: str, *, n_examples=None):
   """A task split as arrays: `tokens [N, max_len]`, `lengths [N]`, `labels [N]`."""
   data = classification.load_task_split(config.task, split, n_examples=n_examples,
@@ -68,7 +82,7 @@ def tokenized_split(config, spec, tokenizer, split: str, *, n_examples=None):
 def evaluate(predict, model_state, arrays, spec, batch_size: int) -> dict[str, float]:
   """The task's metrics (`spec.metrics`) of the model's predictions on `arrays`."""
   if np.all(arrays["labels"] < 0):
-    raise ValueError(f"{spec.name}: this split's labels are hidden (GLUE test splits); "
+    raise HiddenLabelsError(f"{spec.name}: this split's labels are hidden (GLUE test splits); "
                      f"evaluate on {spec.eval_split!r} or submit predictions to GLUE.")
   preds = []
   for batch in task_batches.eval_batches(arrays, batch_size):

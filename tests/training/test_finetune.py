@@ -92,6 +92,9 @@ def test_finetune_saves_the_trainable_part_and_eval_reloads_it(roberta_dir, offl
   d, layers, norms = 32, 2, 1 + 2 * 2
   assert n_trainable == (4 + 16) * d * layers + (d * d + d + 2 * d + 2) + norms * 2 * d
   assert storage["trainable_params"] == n_trainable < storage["total_params"] / 3
+  report = finetune.finetune_storage_report(config)  # what `train.py --print_params` prints
+  assert report["trainable_params"] == n_trainable
+  assert report["model_params"] == storage["total_params"]
   assert n_trainable * 4 <= storage["trainable_bytes_on_disk"] < storage["total_params"] * 4 / 2
 
   results, path = evaluate_checkpoint(workdir)
