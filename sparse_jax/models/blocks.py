@@ -67,10 +67,7 @@ class DecoderBlock(nnx.Module):
     else:
       y_btd, aux = self.ff(x_btd)
     h_btd = h_btd + self.dropout(y_btd)
-    if self.memory is not None:
-      h_btd, memory_aux = self.memory(h_btd)
-      aux = {**aux, **{f"memory/{k}": v for k, v in memory_aux.items() if k != "reg_loss"}}
-    return h_btd, aux
+    return plugins.apply_memory(self.memory, h_btd, aux)
 
   def __call__(self, h_btd, mem_bmd, mem_valid, *, decoding: bool = False):
     """A segment `[B, T, d]`; `mem_bmd`/`mem_valid` are used by XL attention only."""

@@ -86,10 +86,7 @@ class EncoderLayer(nnx.Module):
     if self.ff_adapter is not None:
       f_btd = self.ff_adapter(f_btd)
     h_btd = self.ff_norm(h_btd + f_btd)
-    if self.memory is not None:
-      h_btd, memory_aux = self.memory(h_btd)
-      aux = {**aux, **{f"memory/{k}": v for k, v in memory_aux.items() if k != "reg_loss"}}
-    return h_btd, aux
+    return plugins.apply_memory(self.memory, h_btd, aux)
 
 
 class Encoder(nnx.Module):

@@ -51,6 +51,15 @@ def build_memory(cfg: ml_collections.ConfigDict,
                                rngs=rngs)
 
 
+def apply_memory(memory: spartan.SpartanMemory | None, h_btd, aux: dict):
+  """`(h, aux)` after the layer's memory slot: unchanged without a memory, else the memory's
+  output and its diagnostics added to the layer's `aux` as `memory/<key>`."""
+  if memory is None:
+    return h_btd, aux
+  h_btd, memory_aux = memory(h_btd)
+  return h_btd, {**aux, **{f"memory/{k}": v for k, v in memory_aux.items() if k != "reg_loss"}}
+
+
 def build_adapter(cfg: ml_collections.ConfigDict, position: str,
                   rngs: nnx.Rngs) -> BottleneckAdapter | None:
   """The adapter of `cfg.adapters` at `position` ("attn" or "ff") of one layer, or None."""

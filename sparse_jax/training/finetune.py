@@ -9,7 +9,6 @@ few-shot subset size or None for the whole split), `backbone` (`training.backbon
 
 import json
 import os
-import time
 
 import jax
 import ml_collections
@@ -30,7 +29,7 @@ from sparse_jax.training.optimizer import make_optimizer, validate_train_config
 from sparse_jax.training.preemption import StopRequest
 from sparse_jax.training.task_checkpointing import TaskCheckpointer
 from sparse_jax.training.task_steps import make_predict_step, make_task_train_step
-from sparse_jax.training.trainer import NonFiniteLossError
+from sparse_jax.training.trainer import MetricsWindow
 
 
 def is_finetune_config(config: ml_collections.ConfigDict) -> bool:
@@ -138,21 +137,6 @@ class _FinetuneRun:
     self.writer.close()
 
 
-def _log(run: _FinetuneRun, step: int, window: list, started: float) -> float:
-  """Writes the mean metrics since the last log; stops on a non-finite loss."""
-  host = jax.device_get(window)
-  losses = np.array([m["loss"] for m in host])
-  if not np.all(np.isfinite(losses)):
-    raise NonFiniteLossError(
-        f"fine-tuning loss is {losses[~np.isfinite(losses)][0]} near step {step}; stopping. "
-        "The last good checkpoint is kept; lower train.lr.")
-  mean = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
-  mean["examples_per_second"] = len(host) * run.config.train.batch_size / (
-      time.perf_counter() - started)
-  run.writer.write(step, "train", mean)
-  return mean["loss"]
-
-
 def _write_storage(run: _FinetuneRun, workdir: str, step: int) -> dict:
   """`storage.json`: the trainable parameters and their bytes on disk (one task's cost)."""
   n_trainable = sum(x.size for x in jax.tree.leaves(nnx.state(run.model, run.trainable)))
@@ -171,18 +155,20 @@ def finetune_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> di
   validate_finetune_config(config)
   train_cfg = config.train
   run = _FinetuneRun(config, workdir)
-  step, window, started = run.start, [], time.perf_counter()
+  step, window = run.start, MetricsWindow(run.start)
   try:
     with StopRequest() as stop, tqdm(initial=step, total=train_cfg.steps, desc="finetune") as bar:
       while step < train_cfg.steps and not stop.requested:
         run.state, metrics = run.train_step(run.state, next(run.data_iterator), step)
-        window.append(metrics)
+        window.metrics.append(metrics)
         step += 1
         bar.update(1)
         at_ckpt = step % train_cfg.ckpt_every == 0 or step == train_cfg.steps or stop.requested
         if step % train_cfg.log_every == 0 or at_ckpt:
-          bar.set_postfix(loss=f"{_log(run, step, window, started):.3f}")
-          window, started = [], time.perf_counter()
+          logged = window.flush(train_cfg.batch_size, "examples_per_second")
+          run.writer.write(step, "train", logged)
+          bar.set_postfix(loss=f"{logged['loss']:.3f}")
+          window = MetricsWindow(step)
         if step % train_cfg.eval_every == 0 and step < train_cfg.steps:
           bar.write(f"step {step} validation: {run.evaluate(step)}")
         if at_ckpt:

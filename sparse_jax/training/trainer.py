@@ -49,13 +49,16 @@ def _print(message: str, write=print) -> None:
     write(message)
 
 
-class _Window:
+class MetricsWindow:
   """Per-step metrics since the last log, kept on device until `flush` syncs once."""
 
   def __init__(self, start_step: int):
     self.start_step, self.metrics, self.started = start_step, [], time.perf_counter()
 
-  def flush(self, tokens_per_step: int) -> dict[str, float]:
+  def flush(self, items_per_step: int, rate_name: str = "tokens_per_second"
+            ) -> dict[str, float]:
+    """The window's mean metrics plus `rate_name` (items per second); raises
+    `NonFiniteLossError` naming the first step whose loss is not finite."""
     host = jax.device_get(self.metrics)
     losses = np.array([m["loss"] for m in host])
     bad = np.flatnonzero(~np.isfinite(losses))
@@ -66,7 +69,7 @@ class _Window:
           "checkpoint is kept; lower train.lr or check the data.")
     seconds = time.perf_counter() - self.started
     mean = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
-    mean["tokens_per_second"] = tokens_per_step * len(host) / seconds
+    mean[rate_name] = items_per_step * len(host) / seconds
     return mean
 
 
@@ -110,7 +113,7 @@ class _Run:
     self.state, self.memory, metrics = self.train_step(self.state, self.memory, batch, step)
     return metrics
 
-  def log(self, step: int, window: _Window) -> dict[str, float]:
+  def log(self, step: int, window: MetricsWindow) -> dict[str, float]:
     logged = window.flush(self.tokens_per_step)
     logged.update(unit_metric(logged["ce"], self.unit), lr=float(self.lr(step - 1)))
     self._write(step, "train", logged)
@@ -164,7 +167,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   if mesh is None:
     mesh = parallel.mesh_from_config(config.get("mesh", {}))
   run = _Run(config, workdir, mesh)
-  step, window = run.start, _Window(run.start)
+  step, window = run.start, MetricsWindow(run.start)
   try:
     with (StopRequest() as stop, jax.set_mesh(mesh),
           tqdm(initial=step, total=train_cfg.steps, desc="train",
@@ -176,7 +179,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
         at_ckpt = step % train_cfg.ckpt_every == 0 or step == train_cfg.steps or stop.requested
         if step % train_cfg.log_every == 0 or at_ckpt:
           bar.set_postfix(loss=f"{run.log(step, window)['loss']:.3f}")
-          window = _Window(step)
+          window = MetricsWindow(step)
         if step % train_cfg.eval_every == 0 and step < train_cfg.steps:
           _print(f"step {step} validation: {_format(run.evaluate(step))}", bar.write)
         if at_ckpt:
