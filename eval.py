@@ -12,7 +12,7 @@ import sys
 from absl import app, flags, logging
 
 from sparse_jax.training.evaluate_checkpoint import NoCheckpointError, evaluate_checkpoint
-from sparse_jax.training.finetune import HiddenLabelsError
+from sparse_jax.training.tasks.classification import HiddenLabelsError
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints/.",
                                required=True)

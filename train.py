@@ -1,4 +1,4 @@
-"""Train a sparse_jax language model.
+"""Train a sparse_jax model: a language model, or a classifier over a frozen backbone.
 
   python train.py                                  # configs/default.py into runs/default
   python train.py --config=configs/X.py --workdir=runs/x --config.train.steps=100
@@ -18,10 +18,9 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from sparse_jax.models.accounting import model_report
-from sparse_jax.training import distributed, train_and_evaluate
-from sparse_jax.training.finetune import (finetune_and_evaluate, finetune_storage_report,
-                                         is_finetune_config)
+from sparse_jax.parallel import mesh_from_config
+from sparse_jax.training import distributed, task_for
+from sparse_jax.training.loop import format_metrics, run_task
 from sparse_jax.validation import ConfigError
 
 
@@ -54,6 +53,12 @@ def default_workdir(config_path: str) -> str:
   return f"runs/{name}"
 
 
+def _print_report(report: dict) -> None:
+  for name, value in report.items():
+    print(f"{name}: {value:,.3f}" if isinstance(value, float) else
+          f"{name}: {value:,d}" if isinstance(value, int) else f"{name}: {value}")
+
+
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
@@ -61,21 +66,15 @@ def main(argv):
   try:
     distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                            auto=_DISTRIBUTED.value)
+    task = task_for(_CONFIG.value)  # Validates the whole config before any work.
     if _PRINT_PARAMS.value:
-      report = (finetune_storage_report(_CONFIG.value) if is_finetune_config(_CONFIG.value)
-                else model_report(_CONFIG.value.model))
-      for name, value in report.items():
-        print(f"{name}: {value:,.3f}" if isinstance(value, float) else
-              f"{name}: {value:,d}" if isinstance(value, int) else f"{name}: {value}")
+      _print_report(task.param_report())
       return
-    if is_finetune_config(_CONFIG.value):
-      final = finetune_and_evaluate(_CONFIG.value, workdir)
-    else:
-      final = train_and_evaluate(_CONFIG.value, workdir)
+    final = run_task(task, workdir, mesh_from_config(_CONFIG.value.get("mesh", {})))
   except (ConfigError, FileNotFoundError) as e:
     sys.exit(f"train.py: {e}")
   if jax.process_index() == 0:
-    print(f"final ({workdir}): " + ", ".join(f"{k}={v:.4g}" for k, v in final.items()))
+    print(f"final ({workdir}): {format_metrics(final)}")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from configs import default
 from sparse_jax import parallel
 from sparse_jax.training.placement import Placement
 from sparse_jax.training.steps import make_train_step
-from sparse_jax.training.trainer import build_model_and_optimizer
+from sparse_jax.training.tasks.lm import LanguageModelTask, build_model_and_optimizer
 
 AXES = {"data": 0, "fsdp": 1, "expert": 2}
 
@@ -49,9 +49,10 @@ def time_steps(config, mesh, steps: int) -> float:
   model, optimizer = placement.create(lambda: build_model_and_optimizer(config))
   memory = placement.create_memory(lambda: model.init_memory(config.data.batch_size))
   graphdef, state = nnx.split((model, optimizer))
-  step_fn = make_train_step(graphdef, config.seed, (
-      placement.state_shardings(state), placement.memory_shardings(),
-      parallel.replicated(mesh)))
+  step_fn = make_train_step(graphdef, LanguageModelTask(config).loss, seed=config.seed,
+                            out_shardings=(placement.state_shardings(state),
+                                           placement.memory_shardings(),
+                                           parallel.replicated(mesh)))
   rng = np.random.default_rng(0)
   times = []
   with jax.set_mesh(mesh):

@@ -6,7 +6,7 @@
 Inference throughput (Sec. 5, App. F: instances per minute at batch 32 on CPU) of four
 variants with random weights: `roberta` (the backbone and task head alone, i.e. the model of
 the `head` method; full fine-tuning runs the same graph), `spartan`, `houlsby` and `pfeiffer`
-(the plug-ins with the paper's settings, `freezing.default_method_config`), and
+(the plug-ins with the paper's settings, `methods.default_method_config`), and
 `spartan_gather`, SPARTAN reading only the chosen parents' children. Each variant's
 eval forward is jitted and warmed up (compilation excluded), then the variants take turns
 call by call for `--repeats` rounds, so drift in the machine's load hits all of them alike.
@@ -15,7 +15,7 @@ Reported: median seconds per batch, instances per minute, and the ratio to `robe
 With `--finetune` (the default) a second table times one fine-tuning step (Table 2's
 "fine-tune throughput"): forward and backward with respect to the method's trainable
 parameters only (dropout on), then an Adam update of those parameters; `roberta` is full
-fine-tuning here. The storage columns come from `sparse_jax.analysis.storage_report`
+fine-tuning here. The storage columns come from `sparse_jax.finetune.storage.storage_report`
 (`roberta`: full fine-tuning, a whole model per task, as in Table 1). Prints markdown tables
 and writes JSON with the machine's details.
 """
@@ -35,10 +35,10 @@ import numpy as np
 import optax
 from flax import nnx
 
-from sparse_jax.analysis.storage import storage_report
+from sparse_jax.finetune import methods
+from sparse_jax.finetune.storage import storage_report
 from sparse_jax.models.classifier import SequenceClassifier
 from sparse_jax.models.encoder import roberta_base_config
-from sparse_jax.training import freezing
 
 # variant: (method whose model is timed for inference, method whose training and storage
 # count, SPARTAN's child read or None). `spartan` reads densely (auto at N_p 16, K 8);
@@ -62,10 +62,10 @@ def preset_config(preset: str) -> ml_collections.ConfigDict:
 def build_model(model_cfg: ml_collections.ConfigDict, method: str,
                 read: str | None) -> SequenceClassifier:
   """The classifier of `method` (SPARTAN with child read `read`) with random weights (seed 0)."""
-  method_cfg = freezing.default_method_config(method)
+  method_cfg = methods.default_method_config(method)
   if read is not None:
     method_cfg.spartan.read = read
-  return SequenceClassifier(freezing.with_method(model_cfg, method_cfg), NUM_CLASSES,
+  return SequenceClassifier(methods.with_method(model_cfg, method_cfg), NUM_CLASSES,
                             head_dropout=method_cfg.head_dropout, rngs=nnx.Rngs(0))
 
 
@@ -100,7 +100,7 @@ def make_finetune(model: SequenceClassifier, method: str):
   state for it only. Only the trainable part and the RNG state come back from the step.
   """
   model.train()
-  trainable = freezing.trainable_filter(freezing.default_method_config(method))
+  trainable = methods.trainable_filter(methods.default_method_config(method))
   graphdef, params, rng_state, frozen = nnx.split(model, trainable, nnx.RngState, ...)
   optimizer = optax.adam(LEARNING_RATE)
 
@@ -205,8 +205,8 @@ def main(argv=None) -> dict:
   args = parse_args(argv)
   model_cfg = preset_config(args.preset)
   batch = random_batch(model_cfg.vocab_size, args.batch, args.length)
-  storage = {m: storage_report(model_cfg, freezing.default_method_config(m), NUM_CLASSES,
-                               args.n_tasks) for m in freezing.METHODS}
+  storage = {m: storage_report(model_cfg, methods.default_method_config(m), NUM_CLASSES,
+                               args.n_tasks) for m in methods.METHODS}
   result = {"machine": machine_info(), **vars(args), "storage": storage}
   # One model per variant serves both phases: `head` and `full` build the same RoBERTa.
   models = {name: build_model(model_cfg, train_method, read)

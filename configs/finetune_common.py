@@ -10,7 +10,7 @@ import math
 import ml_collections
 from ml_collections import config_dict
 
-from sparse_jax.training.freezing import default_method_config
+from sparse_jax.finetune.methods import default_method_config
 
 LEARNING_RATES = {"spartan": 1e-3, "houlsby": 1e-4, "pfeiffer": 1e-4, "full": 2e-5, "head": 1e-3}
 FEW_SHOT_EXAMPLES, FEW_SHOT_STEPS = 200, 1000
@@ -49,4 +49,6 @@ def base_config(config_string: str | None, *, task: dict, backbone: dict, steps:
     config.train.warmup_steps = math.ceil(0.06 * FEW_SHOT_STEPS)
   config.eval = ml_collections.ConfigDict(
       {"batch_size": 64, "max_examples": config_dict.placeholder(int)})
+  # The (data, fsdp, expert) device mesh, as for language models (README "Scaling out").
+  config.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "expert": 1})
   return config

@@ -30,11 +30,16 @@ class TaskRows:
     return f"TaskRows(n={len(self)}, fields={sorted(self._arrays)})"
 
 
-def train_iterator(arrays: dict[str, np.ndarray], batch_size: int,
-                   seed: int) -> grain.DatasetIterator:
-  """Endless batches of `batch_size` rows, reshuffled every epoch; `get_state`/`set_state`."""
+def train_iterator(arrays: dict[str, np.ndarray], batch_size: int, seed: int,
+                   rows: slice = slice(None)) -> grain.DatasetIterator:
+  """Endless batches of `batch_size` rows, reshuffled every epoch; `get_state`/`set_state`.
+
+  Yields `rows` of every batch (in a multi-process job, the rows this process's devices
+  hold), so the global batches are the same for any number of processes.
+  """
   dataset = (grain.MapDataset.source(TaskRows(arrays)).shuffle(seed=seed).repeat(None)
-             .batch(batch_size, drop_remainder=True))
+             .batch(batch_size, drop_remainder=True)
+             .map(lambda batch: {k: v[rows] for k, v in batch.items()}))
   return iter(dataset.to_iter_dataset())
 
 

@@ -1,11 +1,15 @@
-"""Orbax checkpoints of a training run under `WORKDIR/checkpoints`.
+"""Orbax checkpoints of a training run under `WORKDIR/checkpoints`, for every task.
 
-Each step directory holds the model variables (`params`), the optimiser state (`opt_state`),
-the XL memory, the grain iterator state (`data`) and the config as JSON, so a run resumes
-exactly where it stopped and `eval.py` rebuilds the model from the checkpoint alone. RNG
-state is not saved: the training step derives its randomness from (seed, step).
+Each step directory holds the model variables the task keeps (item `params` for a language
+model: every variable but RNG state; item `trainable` for fine-tuning: only what trains, so a
+task costs the size of its trainable part on disk, SPARTAN App. E), the optimiser state
+(`opt_state`), the task's named extra items (a language model's XL memory), the grain
+iterator state (`data`) and the config as JSON, so a run resumes exactly where it stopped and
+`eval.py` rebuilds the model from the checkpoint alone. RNG state is not saved: the training
+step derives its randomness from (seed, step).
 """
 
+import dataclasses
 import os
 
 import grain
@@ -14,9 +18,15 @@ import ml_collections
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from sparse_jax.models.xl_memory import XLMemory
+NOT_RNG = nnx.Not(nnx.RngState)
 
-_NOT_RNG = nnx.Not(nnx.RngState)
+
+@dataclasses.dataclass(frozen=True)
+class ParamsItem:
+  """Which model variables a checkpoint holds, and the item they are stored under."""
+
+  name: str = "params"
+  filter: nnx.filterlib.Filter = NOT_RNG
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -30,9 +40,10 @@ def abstract_state(tree):
 class Checkpointer:
   """Saves and restores training runs; never deletes the last good checkpoint."""
 
-  def __init__(self, workdir: str, *, max_to_keep: int = 3):
+  def __init__(self, workdir: str, *, max_to_keep: int = 3, params: ParamsItem = ParamsItem()):
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
     self._manager = ocp.CheckpointManager(checkpoint_dir(workdir), options=options)
+    self._params = params
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -40,43 +51,54 @@ class Checkpointer:
   def all_steps(self) -> list[int]:
     return list(self._manager.all_steps())
 
-  def save(self, step: int, *, model: nnx.Module, optimizer: nnx.Optimizer, memory: XLMemory,
-           data_iterator: grain.DatasetIterator, config: ml_collections.ConfigDict) -> None:
-    """Saves asynchronously; call `wait()` before relying on the files."""
+  def save(self, step: int, *, model: nnx.Module, optimizer: nnx.Optimizer,
+           data_iterator: grain.DatasetIterator, config: ml_collections.ConfigDict,
+           extras: dict | None = None) -> None:
+    """Saves asynchronously (`extras`: item name -> pytree of arrays); call `wait()` before
+    relying on the files."""
     if step in self._manager.all_steps():
       return
-    self._manager.save(step, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(nnx.state(model, _NOT_RNG)),
-        opt_state=ocp.args.StandardSave(nnx.state(optimizer)),
-        memory=ocp.args.StandardSave({"hidden": memory.hidden_lbmd, "valid": memory.valid}),
-        data=grain.checkpoint.CheckpointSave(data_iterator),
-        config=ocp.args.JsonSave(config.to_dict()),
-    ))
+    self._manager.save(step, args=ocp.args.Composite(**{
+        self._params.name: ocp.args.StandardSave(nnx.state(model, self._params.filter)),
+        "opt_state": ocp.args.StandardSave(nnx.state(optimizer)),
+        **{name: ocp.args.StandardSave(tree) for name, tree in (extras or {}).items()},
+        "data": grain.checkpoint.CheckpointSave(data_iterator),
+        "config": ocp.args.JsonSave(config.to_dict()),
+    }))
 
   def restore(self, step: int, *, model: nnx.Module, optimizer: nnx.Optimizer,
-              memory: XLMemory, data_iterator: grain.DatasetIterator) -> XLMemory:
-    """Restores model, optimiser and iterator in place; returns the saved memory."""
-    memory_tree = {"hidden": memory.hidden_lbmd, "valid": memory.valid}
-    restored = self._manager.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(abstract_state(nnx.state(model, _NOT_RNG))),
-        opt_state=ocp.args.StandardRestore(abstract_state(nnx.state(optimizer))),
-        memory=ocp.args.StandardRestore(abstract_state(memory_tree)),
-        data=grain.checkpoint.CheckpointRestore(data_iterator),
-    ))
-    nnx.update(model, restored.params)
+              data_iterator: grain.DatasetIterator, extras: dict | None = None) -> dict:
+    """Restores the model's saved variables, the optimiser and the iterator in place, each
+    array into the sharding of its target; returns the extra items (shaped like `extras`)."""
+    extras = extras or {}
+    restored = self._manager.restore(step, args=ocp.args.Composite(**{
+        self._params.name: ocp.args.StandardRestore(
+            abstract_state(nnx.state(model, self._params.filter))),
+        "opt_state": ocp.args.StandardRestore(abstract_state(nnx.state(optimizer))),
+        **{name: ocp.args.StandardRestore(abstract_state(tree)) for name, tree in extras.items()},
+        "data": grain.checkpoint.CheckpointRestore(data_iterator),
+    }))
+    nnx.update(model, restored[self._params.name])
     nnx.update(optimizer, restored.opt_state)
-    return XLMemory(restored.memory["hidden"], restored.memory["valid"])
+    return {name: restored[name] for name in extras}
 
   def restore_params(self, step: int, model: nnx.Module) -> None:
-    """Restores only the model variables (for evaluation)."""
-    restored = self._manager.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(abstract_state(nnx.state(model, _NOT_RNG)))))
-    nnx.update(model, restored.params)
+    """Restores only the model's saved variables (for evaluation, or onto a backbone)."""
+    restored = self._manager.restore(step, args=ocp.args.Composite(**{
+        self._params.name: ocp.args.StandardRestore(
+            abstract_state(nnx.state(model, self._params.filter)))}))
+    nnx.update(model, restored[self._params.name])
 
   def restore_config(self, step: int) -> ml_collections.ConfigDict:
     restored = self._manager.restore(step, args=ocp.args.Composite(
         config=ocp.args.JsonRestore()))
     return ml_collections.ConfigDict(restored.config)
+
+  def params_bytes(self, step: int) -> int:
+    """Bytes on disk of step `step`'s model variables (fine-tuning: one task's storage)."""
+    root = os.path.join(str(self._manager.directory), str(step), self._params.name)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(root)
+               for f in files)
 
   def wait(self) -> None:
     self._manager.wait_until_finished()

@@ -1,4 +1,5 @@
-"""Validation of a whole experiment config, before anything is built or downloaded."""
+"""Validation of a whole language-model experiment config, before anything is built or
+downloaded."""
 
 import jax
 import ml_collections
@@ -30,10 +31,10 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   validation.require(max_batches is None or (isinstance(max_batches, int) and max_batches > 0),
                      "eval.max_batches", "a positive integer or None (the whole split)",
                      max_batches)
-  _validate_mesh(config)
+  validate_mesh(config)
 
 
-def _validate_mesh(config: ml_collections.ConfigDict) -> None:
+def validate_mesh(config: ml_collections.ConfigDict) -> None:
   """The `mesh` section's sizes are valid and fit this job's devices (the batch and expert
-  counts are checked against the actual mesh by `Placement.check_config`)."""
+  counts are checked against the actual mesh by the task's `check_mesh`)."""
   parallel.mesh_shape(config.get("mesh", {}), jax.device_count())

@@ -29,13 +29,9 @@ class Placement:
                        f"divisible by mesh.data * mesh.fsdp * mesh.expert = {self.shards} "
                        f"(mesh {dict(self.mesh.shape)})", batch_size)
 
-  def check_config(self, config) -> None:
-    """Raises `ConfigError` unless the mesh splits both batches and (with expert
-    parallelism) the experts of `config`."""
-    self.check_batch(config.data.batch_size, "data.batch_size")
-    self.check_batch(config.eval.batch_size, "eval.batch_size")
+  def check_experts(self, n_experts: int | None) -> None:
+    """Raises `ConfigError` unless (with expert parallelism) a MoE's experts split evenly."""
     n_ep = parallel.axis_size(self.mesh, parallel.EXPERT)
-    n_experts = config.model.ff.get("n_experts")
     if n_ep > 1:
       validation.require(n_experts is not None and n_experts % n_ep == 0, "model.ff.n_experts",
                          f"a MoE expert count divisible by mesh.expert = {n_ep}", n_experts)
@@ -47,6 +43,11 @@ class Placement:
     state = jax.jit(lambda: nnx.split(build())[1], out_shardings=shardings)()
     return nnx.merge(graphdef, state)
 
+  def put(self, modules):
+    """Modules built eagerly (say, from pretrained weights) moved into their shardings."""
+    graphdef, state = nnx.split(modules)
+    return nnx.merge(graphdef, jax.device_put(state, self.state_shardings(state)))
+
   def state_shardings(self, state):
     return parallel.state_shardings(state, self.mesh)
 
@@ -57,9 +58,13 @@ class Placement:
   def create_memory(self, build: Callable[[], XLMemory]) -> XLMemory:
     return jax.jit(build, out_shardings=self.memory_shardings())()
 
+  def local_rows(self, batch_size: int) -> slice:
+    """The rows of every `[batch_size, ...]` batch that this process's devices hold."""
+    return parallel.local_rows(parallel.batch_sharding(self.mesh), (batch_size, 1))
+
   def data_shard(self, batch_size: int) -> grain.sharding.ShardOptions:
     """The block of streams this process reads: its devices' rows of a `[batch_size, S]`."""
-    rows = parallel.local_rows(parallel.batch_sharding(self.mesh), (batch_size, 1))
+    rows = self.local_rows(batch_size)
     per_process = rows.stop - rows.start
     return grain.sharding.ShardOptions(shard_index=rows.start // per_process,
                                        shard_count=batch_size // per_process)

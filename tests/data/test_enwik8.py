@@ -13,7 +13,7 @@ from configs import e8_dense
 from sparse_jax import data
 from sparse_jax.data import enwik8, sources
 from sparse_jax.data.lm_stream import StreamSegments, train_iterator
-from sparse_jax.training import trainer
+from sparse_jax.training import train_and_evaluate
 from sparse_jax.training.evaluate_checkpoint import evaluate_checkpoint
 
 SCALED_SPLIT = (7_000, 1_500, 1_500)  # The standard 90/5/5 shape is irrelevant here.
@@ -166,7 +166,7 @@ def test_e8_config_trains_and_evaluates_on_a_prepared_copy(source, tmp_path):
   config.eval.update(batch_size=2, mem_len=64, max_batches=3)
   config.mesh.update(data=1, fsdp=2)  # two-way FSDP on the simulated devices
   workdir = str(tmp_path / "run")
-  final = trainer.train_and_evaluate(config, workdir)
+  final = train_and_evaluate(config, workdir)
   assert final["step"] == 4 and np.isfinite(final["bits_per_byte"])
   results, _ = evaluate_checkpoint(workdir, split="test", max_batches=2)
   assert results["tokens"] == 2 * 2 * 16 and "word_perplexity" not in results

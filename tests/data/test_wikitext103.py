@@ -14,7 +14,8 @@ from configs import wt103_s_dense
 from sparse_jax import data
 from sparse_jax.data import sentencepiece_tokenizer, sources, wikitext103
 from sparse_jax.data.lm_stream import StreamSegments
-from sparse_jax.training import lm_metrics, trainer
+from sparse_jax.training import train_and_evaluate
+from sparse_jax.training.tasks.lm_evaluation import lm_metrics
 from sparse_jax.training.evaluate_checkpoint import evaluate_checkpoint
 from sparse_jax.validation import ConfigError
 
@@ -135,7 +136,7 @@ def test_wt_s_config_trains_and_reports_token_and_word_perplexity(manual_dir, tm
   config.eval.update(batch_size=2, mem_len=64, max_batches=None)
   config.mesh.data = 2  # two-way data parallel on the simulated devices
   workdir = str(tmp_path / "run")
-  final = trainer.train_and_evaluate(config, workdir)
+  final = train_and_evaluate(config, workdir)
   assert final["step"] == 4 and np.isfinite(final["perplexity"])
 
   results, _ = evaluate_checkpoint(workdir, split="test")  # the whole split

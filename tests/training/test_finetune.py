@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 from flax import nnx
 from hf_testing import save_roberta_directory
+from training_testing import patch_step, sigterm_at, train_losses
 
 from configs import spartan_rte
-from sparse_jax.training import finetune, freezing, task_steps
-from sparse_jax.training.backbones import build_classifier
-from sparse_jax.training.evaluate_checkpoint import evaluate_checkpoint
+from sparse_jax.finetune import methods
+from sparse_jax.finetune.backbones import build_classifier, load_tokenizer
+from sparse_jax.training import (evaluate_checkpoint, make_train_step, task_for,
+                                 train_and_evaluate)
 from sparse_jax.training.optimizer import make_optimizer
 from sparse_jax.validation import ConfigError
 
@@ -34,6 +36,7 @@ def rte_config(roberta_dir, data_dir, method="spartan"):
   config.train.update(steps=4, warmup_steps=1, batch_size=2, log_every=1, eval_every=100,
                       ckpt_every=2)
   config.eval.batch_size = 2
+  config.mesh.data = 1  # one device; test_finetune_on_a_mesh_equals_one_device uses 8.
   return config
 
 
@@ -46,8 +49,8 @@ def _flat(state):
 def test_only_the_methods_parameters_change(roberta_dir, tmp_path, method):
   config = rte_config(roberta_dir, str(tmp_path), method)
   config.train.lr = 1e-2
-  model, tokenizer = build_classifier(config, num_classes=2)
-  trainable = freezing.trainable_filter(config.method)
+  model, tokenizer = build_classifier(config, num_classes=2), load_tokenizer(config.backbone)
+  trainable = methods.trainable_filter(config.method)
   optimizer = nnx.Optimizer(model, make_optimizer(config.train), wrt=trainable)
   before_trainable = _flat(nnx.state(model, trainable))
   frozen = nnx.All(nnx.Param, nnx.Not(trainable))
@@ -58,12 +61,12 @@ def test_only_the_methods_parameters_change(roberta_dir, tmp_path, method):
   assert sum(x.size for x in moments) == 2 * sum(x.size for x in before_trainable.values())
 
   graphdef, state = nnx.split((model, optimizer))
-  step = task_steps.make_task_train_step(graphdef, 0, trainable)
+  step = make_train_step(graphdef, task_for(config).loss, seed=0, wrt=trainable)
   tokens, lengths = tokenizer.encode((["A dog runs.", "It rains hard today."],
                                       ["An animal moves.", "Sun."]), 24)
   batch = {"tokens": tokens, "lengths": lengths, "labels": np.array([0, 1], np.int32)}
   for i in range(3):
-    state, _ = step(state, batch, i)
+    state, _, _ = step(state, None, batch, i)
   nnx.update((model, optimizer), state)
 
   after_frozen = _flat(nnx.state(model, frozen))
@@ -80,19 +83,19 @@ def test_finetune_saves_the_trainable_part_and_eval_reloads_it(roberta_dir, offl
                                                                tmp_path):
   config = rte_config(roberta_dir, str(tmp_path / "tfds"))
   workdir = str(tmp_path / "run")
-  final = finetune.finetune_and_evaluate(config, workdir)
+  final = train_and_evaluate(config, workdir)
   assert final["step"] == 4 and 0.0 <= final["accuracy"] <= 1.0
 
   with open(os.path.join(workdir, "storage.json")) as f:
     storage = json.load(f)
-  model, _ = build_classifier(config, num_classes=2)
+  model = build_classifier(config, num_classes=2)
   n_trainable = sum(x.size for x in jax.tree.leaves(
-      nnx.state(model, freezing.trainable_filter(config.method))))
+      nnx.state(model, methods.trainable_filter(config.method))))
   # SPARTAN (4 + 2*4*2) d per layer, RoBERTa's head, and the LayerNorms; nothing else.
   d, layers, norms = 32, 2, 1 + 2 * 2
   assert n_trainable == (4 + 16) * d * layers + (d * d + d + 2 * d + 2) + norms * 2 * d
   assert storage["trainable_params"] == n_trainable < storage["total_params"] / 3
-  report = finetune.finetune_storage_report(config)  # what `train.py --print_params` prints
+  report = task_for(config).param_report()  # what `train.py --print_params` prints
   assert report["trainable_params"] == n_trainable
   assert report["model_params"] == storage["total_params"]
   assert n_trainable * 4 <= storage["trainable_bytes_on_disk"] < storage["total_params"] * 4 / 2
@@ -103,43 +106,25 @@ def test_finetune_saves_the_trainable_part_and_eval_reloads_it(roberta_dir, offl
 
 
 def test_resume_after_sigterm_is_exact(roberta_dir, offline_glue, tmp_path, monkeypatch):
-  import signal
-
   config = rte_config(roberta_dir, str(tmp_path / "tfds"))
   straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-  finetune.finetune_and_evaluate(config, straight)
-  real = finetune.make_task_train_step
-
-  def stopping(*args):
-    step_fn = real(*args)
-
-    def wrapped(state, batch, step_index):
-      if step_index == 1:
-        os.kill(os.getpid(), signal.SIGTERM)
-      return step_fn(state, batch, step_index)
-
-    return wrapped
-
+  train_and_evaluate(config, straight)
   with monkeypatch.context() as m:
-    m.setattr(finetune, "make_task_train_step", stopping)
-    assert finetune.finetune_and_evaluate(config, resumed) == {"step": 2, "interrupted": 1.0}
-  finetune.finetune_and_evaluate(config, resumed)
-
-  def losses(workdir):
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-      return {r["step"]: r["loss"] for r in map(json.loads, f) if r["split"] == "train"}
-
-  assert losses(resumed) == losses(straight) and sorted(losses(straight)) == [1, 2, 3, 4]
+    patch_step(m, sigterm_at(1))
+    assert train_and_evaluate(config, resumed) == {"step": 2, "interrupted": 1.0}
+  train_and_evaluate(config, resumed)
+  assert train_losses(resumed) == train_losses(straight)
+  assert sorted(train_losses(straight)) == [1, 2, 3, 4]
 
 
 def test_bad_fields_are_named(roberta_dir, tmp_path):
   config = rte_config(roberta_dir, str(tmp_path))
   config.method.kind = "lora"
   with pytest.raises(ConfigError, match="method.kind"):
-    finetune.finetune_and_evaluate(config, str(tmp_path / "run"))
+    train_and_evaluate(config, str(tmp_path / "run"))
   config = rte_config(roberta_dir, str(tmp_path))
   config.backbone.path = str(tmp_path / "missing")
   with pytest.raises(FileNotFoundError, match="config.json"):
-    finetune.finetune_and_evaluate(config, str(tmp_path / "run"))
+    train_and_evaluate(config, str(tmp_path / "run"))
   with pytest.raises(ValueError, match="fewshot"):
     spartan_rte.get_config("spartan,tenshot")

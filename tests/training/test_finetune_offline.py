@@ -6,9 +6,8 @@ import numpy as np
 
 from configs import default, spartan_stdlib
 from sparse_jax.data import classification
-from sparse_jax.training import trainer
+from sparse_jax.training import train_and_evaluate
 from sparse_jax.training.evaluate_checkpoint import evaluate_checkpoint
-from sparse_jax.training.finetune import finetune_and_evaluate
 
 # One package with a distinctive vocabulary (codec tables) beside three of similar Python,
 # so that a backbone pretrained for seconds still separates some classes.
@@ -25,7 +24,7 @@ def test_spartan_on_a_frozen_pretrained_lm_beats_chance(tmp_path):
                   ckpt_every=1000)
   lm.eval.update(batch_size=4, mem_len=32, max_batches=2)
   lm.mesh.data = 1
-  trainer.train_and_evaluate(lm, str(tmp_path / "lm"))
+  train_and_evaluate(lm, str(tmp_path / "lm"))
 
   config = spartan_stdlib.get_config()
   config.backbone.path = str(tmp_path / "lm")
@@ -33,7 +32,8 @@ def test_spartan_on_a_frozen_pretrained_lm_beats_chance(tmp_path):
   config.task.update(snippet_bytes=128, max_len=128)
   config.task.packages = PACKAGES
   config.train.update(steps=150, log_every=50, eval_every=1000, ckpt_every=1000)
-  final = finetune_and_evaluate(config, str(tmp_path / "spartan"))
+  config.mesh.data = 1
+  final = train_and_evaluate(config, str(tmp_path / "spartan"))
 
   labels = classification.load_task_split(config.task, "validation").labels
   majority = np.bincount(labels).max() / len(labels)

@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 from training_testing import patch_step, sigterm_at, train_losses
 
 from sparse_jax import parallel
-from sparse_jax.training import trainer
+from sparse_jax.training import loop, task_for, train_and_evaluate
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -40,12 +40,12 @@ def first_steps(config, workdir, shape, n_steps=2):
   """Losses and gradient norms of `n_steps` training steps on a mesh of `shape`, and the
   parameters after them."""
   mesh = parallel.make_mesh(shape)
-  run = trainer._Run(config, workdir, mesh)
+  run = loop.Run(task_for(config), workdir, mesh)
   with jax.set_mesh(mesh):
     metrics = [jax.device_get(run.step(i)) for i in range(n_steps)]
   run.close()
   losses = [(float(m["loss"]), float(m["grad_norm"])) for m in metrics]
-  run._sync_to_modules()
+  run.sync_to_modules()
   return losses, jax.device_get(nnx.to_pure_dict(nnx.state(run.model, nnx.Param))), run
 
 
@@ -74,7 +74,7 @@ def assert_state_sharded(run, shape):
     moments = [leaf for path, leaf in jax.tree.leaves_with_path(nnx.state(run.optimizer))
                if "embedding" in jax.tree_util.keystr(path)]
     assert len(moments) == 2 and all(m.sharding.spec == embedding_spec for m in moments)
-  assert run.memory.hidden_lbmd.sharding.spec == P(None, parallel.BATCH_AXES, None, None)
+  assert run.carry.hidden_lbmd.sharding.spec == P(None, parallel.BATCH_AXES, None, None)
 
 
 def test_save_on_eight_devices_restore_on_four_and_continue(mesh_config, tmp_path,
@@ -83,12 +83,12 @@ def test_save_on_eight_devices_restore_on_four_and_continue(mesh_config, tmp_pat
   mesh_config.data.data_dir = str(tmp_path / "tfds")
   eight, four = parallel.make_mesh((2, 2, 2)), parallel.make_mesh((1, 2, 2))
   straight, resharded = str(tmp_path / "straight"), str(tmp_path / "resharded")
-  trainer.train_and_evaluate(mesh_config, straight, mesh=eight)
+  train_and_evaluate(mesh_config, straight, mesh=eight)
 
   with monkeypatch.context() as m:
     patch_step(m, sigterm_at(1))
-    assert trainer.train_and_evaluate(mesh_config, resharded, mesh=eight)["step"] == 2
-  trainer.train_and_evaluate(mesh_config, resharded, mesh=four)
+    assert train_and_evaluate(mesh_config, resharded, mesh=eight)["step"] == 2
+  train_and_evaluate(mesh_config, resharded, mesh=four)
 
   expected, got = train_losses(straight), train_losses(resharded)
   assert sorted(got) == [1, 2, 3, 4]

@@ -9,8 +9,9 @@ import pytest
 from flax import nnx
 from training_testing import patch_step, sigterm_at, train_losses
 
-from sparse_jax.training import Checkpointer, build_model, trainer
+from sparse_jax.training import Checkpointer, NonFiniteLossError, train_and_evaluate
 from sparse_jax.training.evaluate_checkpoint import NoCheckpointError, evaluate_checkpoint
+from sparse_jax.training.tasks.lm import build_model
 from sparse_jax.validation import ConfigError
 
 
@@ -24,7 +25,7 @@ def saved_params(workdir, config):
 
 def test_a_few_dozen_steps_lower_the_loss(tiny_config, tmp_path):
   tiny_config.train.update(steps=40, warmup_steps=4, lr=3e-3, ckpt_every=40)
-  final = trainer.train_and_evaluate(tiny_config, str(tmp_path / "run"))
+  final = train_and_evaluate(tiny_config, str(tmp_path / "run"))
   losses = train_losses(tmp_path / "run")
   first, last = np.mean([losses[s] for s in range(1, 6)]), np.mean(
       [losses[s] for s in range(36, 41)])
@@ -34,14 +35,14 @@ def test_a_few_dozen_steps_lower_the_loss(tiny_config, tmp_path):
 
 def test_resume_after_sigterm_is_exact(tiny_config, tmp_path, monkeypatch):
   straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-  trainer.train_and_evaluate(tiny_config, straight)
+  train_and_evaluate(tiny_config, straight)
 
   with monkeypatch.context() as m:
     patch_step(m, sigterm_at(2))
-    interrupted = trainer.train_and_evaluate(tiny_config, resumed)
+    interrupted = train_and_evaluate(tiny_config, resumed)
   assert interrupted == {"step": 3, "interrupted": 1.0}
   assert Checkpointer(resumed).latest_step() == 3
-  trainer.train_and_evaluate(tiny_config, resumed)
+  train_and_evaluate(tiny_config, resumed)
 
   assert train_losses(resumed) == train_losses(straight)
   assert sorted(train_losses(straight)) == list(range(1, 7))
@@ -61,14 +62,14 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tiny_config, tmp_pa
 
   patch_step(monkeypatch, poison_step_4)
   workdir = str(tmp_path / "nan")
-  with pytest.raises(trainer.NonFiniteLossError, match="at step 4"):
-    trainer.train_and_evaluate(tiny_config, workdir)
+  with pytest.raises(NonFiniteLossError, match="at step 4"):
+    train_and_evaluate(tiny_config, workdir)
   assert Checkpointer(workdir).all_steps() == [2]
 
 
 def test_evaluation_of_a_checkpoint_is_finite_and_repeatable(tiny_config, tmp_path):
   workdir = str(tmp_path / "run")
-  trainer.train_and_evaluate(tiny_config, workdir)
+  train_and_evaluate(tiny_config, workdir)
   first, path = evaluate_checkpoint(workdir, split="test")
   second, _ = evaluate_checkpoint(workdir, split="test")
   assert first == second
@@ -98,5 +99,5 @@ def test_bad_experiment_configs_fail_before_training(tiny_config, tmp_path, sect
                                                      value):
   tiny_config[section][field] = value
   with pytest.raises(ConfigError, match=rf"{section}\.{field}"):
-    trainer.train_and_evaluate(tiny_config, str(tmp_path / "bad"))
+    train_and_evaluate(tiny_config, str(tmp_path / "bad"))
   assert not os.path.exists(tmp_path / "bad")

@@ -4,7 +4,7 @@ import json
 import os
 import signal
 
-from sparse_jax.training import trainer
+from sparse_jax.training import loop
 
 
 def train_losses(workdir) -> dict[int, float]:
@@ -16,17 +16,17 @@ def train_losses(workdir) -> dict[int, float]:
 
 def patch_step(monkeypatch, after_step):
   """Wraps the jitted train step; `after_step(step_index, outputs)` may alter its outputs."""
-  real = trainer.make_train_step
+  real = loop.make_train_step
 
   def patched(*args, **kwargs):
     step_fn = real(*args, **kwargs)
 
-    def wrapped(state, memory, batch, step_index):
-      return after_step(step_index, step_fn(state, memory, batch, step_index))
+    def wrapped(state, carry, batch, step_index):
+      return after_step(step_index, step_fn(state, carry, batch, step_index))
 
     return wrapped
 
-  monkeypatch.setattr(trainer, "make_train_step", patched)
+  monkeypatch.setattr(loop, "make_train_step", patched)
 
 
 def sigterm_at(stop_index):

@@ -5,7 +5,7 @@ trained: its plug-ins (SPARTAN memories or adapters), the task head and, with
 `method.train_layer_norms`, its copy of the backbone's LayerNorms. Full fine-tuning stores a
 whole model per task. The counts come from the classifier actually built for the method
 (`nnx.eval_shape`: shapes only, nothing allocated, so RoBERTa-base costs nothing), with the
-trainable part selected by `freezing.trainable_filter`, the same filter training uses.
+trainable part selected by `methods.trainable_filter`, the same filter training uses.
 
 App. E's SPARTAN formula is `N_backbone + 2 T (P + P C) d L`: it counts `2 (P + P C) d`
 parameters per layer, while Sec. 3's memory has `(P + 2 P C) d` (parents `P x d`, child keys
@@ -23,7 +23,7 @@ from flax import nnx
 
 from sparse_jax.layers.adapters import ADAPTERS_PER_LAYER
 from sparse_jax.models.classifier import SequenceClassifier
-from sparse_jax.training import freezing
+from sparse_jax.finetune import methods
 
 PLUGIN_PATHS = ("memory", "attn_adapter", "ff_adapter")
 
@@ -32,7 +32,7 @@ def abstract_classifier(model_cfg: ml_collections.ConfigDict,
                         method_cfg: ml_collections.ConfigDict,
                         num_classes: int) -> SequenceClassifier:
   """The classifier `method_cfg` fine-tunes, as shapes only (`nnx.eval_shape`)."""
-  cfg = freezing.with_method(model_cfg, method_cfg)
+  cfg = methods.with_method(model_cfg, method_cfg)
   return nnx.eval_shape(lambda: SequenceClassifier(
       cfg, num_classes, head_dropout=method_cfg.get("head_dropout", 0.1), rngs=nnx.Rngs(0)))
 
@@ -42,8 +42,8 @@ def _size(module: nnx.Module, variable_filter) -> int:
 
 
 def _is_backbone_layer_norm(path, _) -> bool:
-  """The backbone's LayerNorms (`freezing.is_layer_norm` under `backbone`)."""
-  return path[0] == "backbone" and freezing.is_layer_norm(path, _)
+  """The backbone's LayerNorms (`methods.is_layer_norm` under `backbone`)."""
+  return path[0] == "backbone" and methods.is_layer_norm(path, _)
 
 
 def app_e_params(model_cfg: ml_collections.ConfigDict, method_cfg: ml_collections.ConfigDict,
@@ -76,7 +76,7 @@ def storage_report(model_cfg: ml_collections.ConfigDict, method_cfg: ml_collecti
   added = _size(model, nnx.All(nnx.Param, nnx.Any(*map(nnx.PathContains, PLUGIN_PATHS))))
   head = _size(model.head, nnx.Param)
   backbone = model_params - added - head
-  trainable = _size(model, freezing.trainable_filter(method_cfg))
+  trainable = _size(model, methods.trainable_filter(method_cfg))
   full = method_cfg.kind == "full"
   storage = n_tasks * model_params if full else backbone + n_tasks * trainable
   app_e = app_e_params(model_cfg, method_cfg, backbone, n_tasks)

@@ -2,11 +2,11 @@
 
 import pytest
 
-from sparse_jax.analysis.storage import storage_report
+from sparse_jax.finetune import methods
+from sparse_jax.finetune.storage import storage_report
 from sparse_jax.layers.adapters import adapter_params
 from sparse_jax.layers.spartan import spartan_params
 from sparse_jax.models.encoder import roberta_base_config
-from sparse_jax.training import freezing
 
 D, LAYERS, VOCAB, POSITIONS, D_FF, CLASSES, TASKS = 16, 2, 50, 20, 32, 3, 5
 N_P, N_C, BOTTLENECK = 4, 2, 4
@@ -20,7 +20,7 @@ def tiny_encoder_config():
 
 
 def tiny_method_config(kind: str):
-  method = freezing.default_method_config(kind)
+  method = methods.default_method_config(kind)
   method.spartan.update(n_parents=N_P, n_children=N_C, top_k=2)
   method.adapter.bottleneck = BOTTLENECK
   return method
@@ -36,7 +36,7 @@ ADDED = {"full": 0, "head": 0, "spartan": spartan_params(D, N_P, N_C, LAYERS),
          "pfeiffer": adapter_params(D, BOTTLENECK, 1, LAYERS)}
 
 
-@pytest.mark.parametrize("kind", freezing.METHODS)
+@pytest.mark.parametrize("kind", methods.METHODS)
 def test_counts_match_hand_derived_formulas(kind):
   report = storage_report(tiny_encoder_config(), tiny_method_config(kind),
                           num_classes=CLASSES, n_tasks=TASKS, bytes_per_param=2)

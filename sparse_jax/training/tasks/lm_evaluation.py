@@ -1,16 +1,43 @@
-"""Evaluation of a language model over a whole split, carrying XL memory across segments."""
+"""A language model's loss and its evaluation over a whole split, carrying XL memory across
+segments."""
 
+import functools
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
 from sparse_jax import parallel
 from sparse_jax.data.lm_stream import eval_batches
+from sparse_jax.models.xl_memory import XLMemory
 from sparse_jax.training.placement import Placement
-from sparse_jax.training.steps import make_eval_step
+
+
+def cross_entropy(logits_btv: jax.Array, targets_bt: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Summed token cross-entropy in nats (float32) and the number of tokens."""
+  logp_btv = jax.nn.log_softmax(logits_btv.astype(jnp.float32), axis=-1)
+  nll_bt = -jnp.take_along_axis(logp_btv, targets_bt[..., None], axis=-1)[..., 0]
+  return nll_bt.sum(), jnp.asarray(nll_bt.size, jnp.float32)
+
+
+def make_eval_step(graphdef: nnx.GraphDef):
+  """Returns `step(params_state, memory, batch) -> (memory, nll_sum, n_tokens)` (no dropout).
+
+  `graphdef`/`params_state` come from `nnx.split(model)`.
+  """
+
+  @functools.partial(jax.jit, donate_argnums=(1,))
+  def eval_step(state, memory: XLMemory, batch):
+    model = nnx.merge(graphdef, state)
+    model.eval()
+    logits, new_memory, _ = model(batch["inputs"], memory)
+    nll_sum, n_tokens = cross_entropy(logits, batch["targets"])
+    return new_memory, nll_sum, n_tokens
+
+  return eval_step
 
 
 def unit_metric(loss: float, unit: str) -> dict[str, float]:

@@ -6,7 +6,8 @@
   `TransformerLM` trained by our own `train.py`, restored from its Orbax checkpoint.
 
 `build_classifier` returns a `SequenceClassifier` whose backbone holds the pretrained weights,
-with the plug-ins of `method` freshly initialised on top, and the tokenizer that goes with it.
+with the plug-ins of `method` freshly initialised on top; `load_tokenizer` the tokenizer that
+goes with the backbone.
 """
 
 import ml_collections
@@ -18,7 +19,7 @@ from sparse_jax.models import hf_roberta
 from sparse_jax.models.classifier import SequenceClassifier
 from sparse_jax.models.lm import TransformerLM
 from sparse_jax.training.checkpointing import Checkpointer
-from sparse_jax.training.freezing import with_method
+from sparse_jax.finetune.methods import with_method
 from sparse_jax.training.steps import make_rngs
 
 BACKBONES = ("hf_roberta", "lm_checkpoint")
@@ -71,22 +72,27 @@ def _lm_checkpoint(cfg: ml_collections.ConfigDict):
   return model_cfg, lm
 
 
+def load_tokenizer(cfg: ml_collections.ConfigDict):
+  """The tokenizer that goes with a `backbone` section's model."""
+  validate_backbone_config(cfg)
+  return RobertaTokenizer(cfg.path) if cfg.kind == "hf_roberta" else ByteTokenizer()
+
+
 def load_backbone(cfg: ml_collections.ConfigDict):
-  """`(model config, pretrained backbone module, tokenizer)` of a `backbone` section."""
+  """`(model config, pretrained backbone module)` of a `backbone` section."""
   validate_backbone_config(cfg)
   if cfg.kind == "hf_roberta":
     model_cfg = hf_roberta.encoder_config(cfg.path)
-    tokenizer = RobertaTokenizer(cfg.path)
-    return model_cfg, hf_roberta.load_encoder(cfg.path, model_cfg, rngs=make_rngs(0)), tokenizer
-  model_cfg, lm = _lm_checkpoint(cfg)
-  return model_cfg, lm, ByteTokenizer()
+    return model_cfg, hf_roberta.load_encoder(cfg.path, model_cfg, rngs=make_rngs(0))
+  return _lm_checkpoint(cfg)
 
 
-def build_classifier(config: ml_collections.ConfigDict, num_classes: int):
-  """`(classifier, tokenizer)`: the pretrained backbone with `config.method`'s plug-ins."""
-  model_cfg, pretrained, tokenizer = load_backbone(config.backbone)
+def build_classifier(config: ml_collections.ConfigDict, num_classes: int) -> SequenceClassifier:
+  """The pretrained backbone with `config.method`'s plug-ins (freshly initialised) and a
+  task head."""
+  model_cfg, pretrained = load_backbone(config.backbone)
   classifier = SequenceClassifier(with_method(model_cfg, config.method), num_classes,
                                   head_dropout=config.method.get("head_dropout", 0.1),
                                   rngs=make_rngs(config.seed))
   nnx.update(classifier.backbone, nnx.state(pretrained, nnx.Param))
-  return classifier, tokenizer
+  return classifier

@@ -1,4 +1,5 @@
-"""Fine-tuning methods: which plug-ins a backbone gets and which parameters train.
+"""Fine-tuning methods, all in one place: their kinds and defaults, the plug-ins they insert
+into a backbone and the filter of the parameters that train.
 
 `method.kind`:
 - `spartan`: a SPARTAN memory after every layer (SPARTAN Sec. 3); memory and head train.

@@ -1,0 +1,186 @@
+"""The training loop of every task: build, resume, step, log, evaluate, checkpoint.
+
+`train_and_evaluate(config, workdir)` picks the task of the config (`training.tasks`), builds a
+`Run` on the mesh and loops. Logging syncs with the device once per `train.log_every` steps;
+a non-finite loss stops the run (the last good checkpoint is kept); SIGTERM/SIGINT save and
+stop; only the first process prints, writes metrics and shows progress.
+"""
+
+import time
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+from flax import nnx
+from jax.sharding import Mesh
+from tqdm import tqdm
+
+from sparse_jax import parallel
+from sparse_jax.training.checkpointing import Checkpointer
+from sparse_jax.training.metrics_writer import MetricsWriter
+from sparse_jax.training.optimizer import learning_rate_schedule
+from sparse_jax.training.placement import Placement
+from sparse_jax.training.preemption import StopRequest
+from sparse_jax.training.steps import make_train_step
+from sparse_jax.training.task import Task
+from sparse_jax.training.tasks import task_for
+
+
+class NonFiniteLossError(RuntimeError):
+  """The training loss became NaN or infinite; the last good checkpoint is kept."""
+
+
+def is_main_process() -> bool:
+  return jax.process_index() == 0
+
+
+def _print(message: str, write=print) -> None:
+  """Prints on the first process only."""
+  if is_main_process():
+    write(message)
+
+
+def format_metrics(metrics: dict[str, float]) -> str:
+  return ", ".join(f"{k}={v:.4g}" for k, v in metrics.items())
+
+
+class MetricsWindow:
+  """Per-step metrics since the last log, kept on device until `flush` syncs once."""
+
+  def __init__(self, start_step: int):
+    self.start_step, self.metrics, self.started = start_step, [], time.perf_counter()
+
+  def flush(self, items_per_step: int, rate_name: str) -> dict[str, float]:
+    """The window's mean metrics plus `rate_name` (items per second); raises
+    `NonFiniteLossError` naming the first step whose loss is not finite."""
+    host = jax.device_get(self.metrics)
+    losses = np.array([m["loss"] for m in host])
+    bad = np.flatnonzero(~np.isfinite(losses))
+    if bad.size:
+      step = self.start_step + int(bad[0]) + 1
+      raise NonFiniteLossError(
+          f"training loss is {losses[bad[0]]} at step {step}; stopping. The last good "
+          "checkpoint is kept; lower train.lr or check the data.")
+    seconds = time.perf_counter() - self.started
+    mean = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
+    mean[rate_name] = items_per_step * len(host) / seconds
+    return mean
+
+
+class Run:
+  """A training run's objects: the task's model, optimiser, data and carry, the jitted step,
+  checkpoints and outputs, all on `mesh` (state sharded by `sparse_jax.parallel`'s rules,
+  batches split over the batch axes; this process reads only its own rows)."""
+
+  def __init__(self, task: Task, workdir: str, mesh: Mesh):
+    config = task.config
+    self.task, self.config, self.workdir = task, config, workdir
+    self.placement = placement = Placement(mesh)
+    task.check_mesh(placement)
+    self.model, self.optimizer = task.build(placement)
+    self.data_iterator = task.load_data(placement)
+    self.carry = task.init_carry(self.model, placement)
+    self.checkpointer = Checkpointer(workdir, max_to_keep=config.train.keep_checkpoints,
+                                     params=task.checkpoint_params)
+    self.start = self.checkpointer.latest_step() or 0
+    if self.start:
+      _print(f"Resuming from the checkpoint of step {self.start} in {workdir}.")
+      extras = self.checkpointer.restore(
+          self.start, model=self.model, optimizer=self.optimizer,
+          data_iterator=self.data_iterator, extras=task.checkpoint_extras(self.carry))
+      self.carry = task.carry_from_extras(extras, self.carry)
+    self.writer = MetricsWriter(workdir) if is_main_process() else None
+    self.lr = learning_rate_schedule(config.train)
+    self.graphdef, self.state = nnx.split((self.model, self.optimizer))
+    out_shardings = (placement.state_shardings(self.state), task.carry_shardings(placement),
+                     parallel.replicated(mesh))
+    self.train_step = make_train_step(self.graphdef, task.loss, seed=config.seed,
+                                      wrt=task.trainable, out_shardings=out_shardings)
+
+  def step(self, step: int) -> dict[str, jax.Array]:
+    """Runs training step `step` (0-based); returns its metrics, still on device."""
+    batch = self.placement.global_batch(next(self.data_iterator), self.task.batch_size)
+    self.state, self.carry, metrics = self.train_step(self.state, self.carry, batch, step)
+    return metrics
+
+  def log(self, step: int, window: MetricsWindow) -> dict[str, float]:
+    logged = window.flush(self.task.items_per_step, self.task.rate_name)
+    logged.update(self.task.log_metrics(logged), lr=float(self.lr(step - 1)))
+    self._write(step, "train", logged)
+    return logged
+
+  def _write(self, step: int, split: str, metrics: dict[str, float]) -> None:
+    if self.writer:
+      self.writer.write(step, split, metrics)
+
+  def sync_to_modules(self) -> None:
+    """Puts the jitted step's current state back into the model and optimiser objects."""
+    nnx.update((self.model, self.optimizer), self.state)
+
+  def evaluate(self, step: int) -> dict[str, float]:
+    self.sync_to_modules()
+    metrics = self.task.evaluate(self.model, self.placement)
+    self._write(step, "validation", metrics)
+    return metrics
+
+  def save(self, step: int) -> None:
+    self.sync_to_modules()
+    self.checkpointer.save(step, model=self.model, optimizer=self.optimizer,
+                           data_iterator=self.data_iterator, config=self.config,
+                           extras=self.task.checkpoint_extras(self.carry))
+
+  def close(self) -> None:
+    """Waits for checkpoint writes to finish, then closes the outputs."""
+    self.checkpointer.wait()
+    self.checkpointer.close()
+    if self.writer:
+      self.writer.close()
+
+
+def run_task(task: Task, workdir: str, mesh: Mesh) -> dict[str, float]:
+  """Trains `task` in `workdir` on `mesh` (see `train_and_evaluate`)."""
+  train_cfg = task.config.train
+  run = Run(task, workdir, mesh)
+  step, window = run.start, MetricsWindow(run.start)
+  try:
+    with (StopRequest() as stop, jax.set_mesh(mesh),
+          tqdm(initial=step, total=train_cfg.steps, desc=task.name,
+               disable=not is_main_process()) as bar):
+      while step < train_cfg.steps and not stop.requested:
+        window.metrics.append(run.step(step))
+        step += 1
+        bar.update(1)
+        at_ckpt = step % train_cfg.ckpt_every == 0 or step == train_cfg.steps or stop.requested
+        if step % train_cfg.log_every == 0 or at_ckpt:
+          bar.set_postfix(loss=f"{run.log(step, window)['loss']:.3f}")
+          window = MetricsWindow(step)
+        if step % train_cfg.eval_every == 0 and step < train_cfg.steps:
+          _print(f"step {step} validation: {format_metrics(run.evaluate(step))}", bar.write)
+        if at_ckpt:
+          run.save(step)
+      if stop.requested:
+        logging.warning("Stopped at step %d; checkpoint saved in %s.", step, workdir)
+        return {"step": step, "interrupted": 1.0}
+      metrics = run.evaluate(step)
+    run.checkpointer.wait()
+    return {"step": step, **metrics, **task.finish(run, step)}
+  finally:
+    run.close()
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+                       mesh: Mesh | None = None) -> dict[str, float]:
+  """Trains `config` in `workdir` (resuming if it holds checkpoints); returns the final
+  validation metrics.
+
+  The task is chosen by the config (`training.tasks.task_for`), which validates it before any
+  data is read or model built. Runs on `mesh` (default: the mesh of `config.mesh` over this
+  job's devices). Logs every `train.log_every` steps, evaluates every `train.eval_every`
+  steps and at the end, checkpoints every `train.ckpt_every` steps, at the end and on
+  SIGTERM/SIGINT.
+  """
+  task = task_for(config)
+  if mesh is None:
+    mesh = parallel.mesh_from_config(config.get("mesh", {}))
+  return run_task(task, workdir, mesh)

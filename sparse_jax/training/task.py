@@ -1,0 +1,110 @@
+"""What a kind of training supplies to the engine (`sparse_jax.training.loop`).
+
+The engine owns the loop, checkpoints, preemption, the NaN stop, logging on process 0 and the
+mesh. A task owns everything that differs between language modelling, classification and
+(later) sequence-to-sequence: its data, its model, its loss and metrics, what its checkpoint
+holds and how it evaluates. Tasks live in `sparse_jax.training.tasks`.
+"""
+
+import abc
+
+import grain
+import jax
+import ml_collections
+from flax import nnx
+
+from sparse_jax.training.checkpointing import ParamsItem
+from sparse_jax.training.placement import Placement
+
+
+class Task(abc.ABC):
+  """One kind of training over a validated experiment config.
+
+  Constructing a task validates its config and touches no file: data is read by
+  `load_data`, models are built by `build`.
+  """
+
+  #: Name of the progress bar.
+  name: str = "train"
+  #: Name of the logged throughput metric.
+  rate_name: str = "items_per_second"
+  #: What checkpoints hold of the model.
+  checkpoint_params: ParamsItem = ParamsItem()
+
+  def __init__(self, config: ml_collections.ConfigDict):
+    self.config = config
+
+  @property
+  def trainable(self) -> nnx.filterlib.Filter:
+    """The NNX filter of the parameters that train (gradients and optimiser state)."""
+    return nnx.Param
+
+  @property
+  @abc.abstractmethod
+  def batch_size(self) -> int:
+    """Rows of every global training batch."""
+
+  @property
+  @abc.abstractmethod
+  def items_per_step(self) -> int:
+    """What `rate_name` counts per step (tokens, examples)."""
+
+  def check_mesh(self, placement: Placement) -> None:
+    """Raises `ConfigError` unless the task's batches split over the mesh."""
+    placement.check_batch(self.batch_size, "train batch size")
+
+  @abc.abstractmethod
+  def build(self, placement: Placement) -> tuple[nnx.Module, nnx.Optimizer]:
+    """The model and its optimiser (state for `trainable` only), placed on the mesh."""
+
+  @abc.abstractmethod
+  def load_data(self, placement: Placement) -> grain.DatasetIterator:
+    """Reads the training and validation data; returns endless training batches (this
+    process's rows of each global batch) from a checkpointable iterator."""
+
+  def init_carry(self, model: nnx.Module, placement: Placement):
+    """The state threaded through training steps (None: no carry)."""
+    del model, placement
+    return None
+
+  def carry_shardings(self, placement: Placement):
+    del placement
+    return None
+
+  def checkpoint_extras(self, carry) -> dict:
+    """Named extra checkpoint items holding `carry` (item name -> pytree of arrays)."""
+    del carry
+    return {}
+
+  def carry_from_extras(self, extras: dict, carry):
+    """The carry restored from `checkpoint_extras`' items."""
+    del extras
+    return carry
+
+  @abc.abstractmethod
+  def loss(self, model: nnx.Module, batch: dict[str, jax.Array], carry):
+    """`(loss, (metrics, new_carry))` of one batch in training mode; traced under jit."""
+
+  def log_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+    """Metrics derived from a logging window's means, added to the train log."""
+    del metrics
+    return {}
+
+  @abc.abstractmethod
+  def evaluate(self, model: nnx.Module, placement: Placement) -> dict[str, float]:
+    """Validation metrics of `model` (in eval mode) during training."""
+
+  def finish(self, run, step: int) -> dict[str, float]:
+    """Called once after the final evaluation (checkpoints written); returns extra final
+    results."""
+    del run, step
+    return {}
+
+  @abc.abstractmethod
+  def evaluate_checkpoint(self, workdir: str, step: int, split: str,
+                          max_batches: int | None) -> dict:
+    """Rebuilds the model from the saved config, restores step `step`, scores `split`."""
+
+  @abc.abstractmethod
+  def param_report(self) -> dict:
+    """Parameter counts and storage, as `train.py --print_params` prints them."""

@@ -1,0 +1,201 @@
+"""Sequence classification over a frozen backbone: what `train.py` runs for configs with a
+`task` section (`configs/spartan_*.py`), and what `eval.py` scores.
+
+Config sections: `task` (`sparse_jax.data.classification`; plus `max_len` and `n_train`, the
+few-shot subset size or None for the whole split), `backbone` (`finetune.backbones`),
+`method` (`finetune.methods`), `train` (the engine's fields plus `batch_size`), `eval`
+(`batch_size`, `max_examples`), `mesh`. Checkpoints hold only the trainable part (item
+`trainable`): restoring rebuilds the backbone from `backbone` and puts that part on top.
+"""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+
+from sparse_jax import parallel, validation
+from sparse_jax.data import classification, task_batches
+from sparse_jax.finetune.backbones import (backbone_model_config, build_classifier,
+                                           load_tokenizer, validate_backbone_config)
+from sparse_jax.finetune.methods import trainable_filter, validate_method_config
+from sparse_jax.finetune.storage import storage_report
+from sparse_jax.models.classifier import SequenceClassifier
+from sparse_jax.training import classification_metrics
+from sparse_jax.training.checkpointing import Checkpointer, ParamsItem
+from sparse_jax.training.config_checks import validate_mesh
+from sparse_jax.training.optimizer import make_optimizer, validate_train_config
+from sparse_jax.training.placement import Placement
+from sparse_jax.training.task import Task
+
+
+class HiddenLabelsError(ValueError):
+  """The split's labels are hidden (GLUE test splits), so it cannot be scored."""
+
+
+def validate_classification_config(config: ml_collections.ConfigDict) -> None:
+  """Raises `ConfigError` naming the first bad field, before anything is loaded."""
+  for section in ("task", "backbone", "method", "train", "eval"):
+    validation.require(section in config, section, "a config section", None)
+  validation.require(isinstance(config.get("seed"), int), "seed", "an integer",
+                     config.get("seed"))
+  classification.task_spec(config.task)
+  validation.require_positive_int(config.task.get("max_len"), "task.max_len")
+  n_train = config.task.get("n_train")
+  validation.require(n_train is None or (isinstance(n_train, int) and n_train > 0),
+                     "task.n_train", "None (the whole split) or a positive integer", n_train)
+  validate_backbone_config(config.backbone)
+  validate_method_config(config.method)
+  validate_train_config(config.train)
+  validation.require_positive_int(config.train.get("batch_size"), "train.batch_size")
+  validation.require_positive_int(config.eval.get("batch_size"), "eval.batch_size")
+  max_examples = config.eval.get("max_examples")
+  validation.require(max_examples is None or (isinstance(max_examples, int) and max_examples > 0),
+                     "eval.max_examples", "None (the whole split) or a positive integer",
+                     max_examples)
+  validate_mesh(config)
+
+
+def task_loss(logits_bc: jax.Array, labels_b: jax.Array) -> jax.Array:
+  """Mean cross-entropy (C > 1 classes) or mean squared error (C = 1: regression)."""
+  logits_bc = logits_bc.astype(jnp.float32)
+  if logits_bc.shape[-1] == 1:
+    return jnp.mean((logits_bc[:, 0] - labels_b.astype(jnp.float32)) ** 2)
+  return optax.softmax_cross_entropy_with_integer_labels(logits_bc, labels_b).mean()
+
+
+def predictions(logits_bc: jax.Array) -> jax.Array:
+  """Class ids `[B]`, or the regression scores for C = 1."""
+  return logits_bc[:, 0] if logits_bc.shape[-1] == 1 else jnp.argmax(logits_bc, axis=-1)
+
+
+def make_predict_step(graphdef: nnx.GraphDef, placement: Placement):
+  """Returns `predict(model_state, batch) -> predictions [B]` (eval mode: no dropout),
+  replicated so that every process can read them."""
+
+  @jax.jit
+  def predict(state, batch):
+    model = nnx.merge(graphdef, state)
+    model.eval()
+    logits_bc, _ = model(batch["tokens"], batch["lengths"])
+    return jax.lax.with_sharding_constraint(predictions(logits_bc),
+                                            parallel.replicated(placement.mesh))
+
+  return predict
+
+
+class ClassificationTask(Task):
+  """Fine-tunes `method`'s trainable part of a `SequenceClassifier` over a frozen backbone."""
+
+  name = "finetune"
+  rate_name = "examples_per_second"
+
+  def __init__(self, config: ml_collections.ConfigDict):
+    validate_classification_config(config)
+    super().__init__(config)
+    self.spec = classification.task_spec(config.task)
+    self._trainable = trainable_filter(config.method)
+    self.checkpoint_params = ParamsItem("trainable", self._trainable)
+    self._tokenizer, self._valid = None, None
+
+  @property
+  def trainable(self):
+    return self._trainable
+
+  @property
+  def batch_size(self) -> int:
+    return self.config.train.batch_size
+
+  @property
+  def items_per_step(self) -> int:
+    return self.config.train.batch_size
+
+  def check_mesh(self, placement: Placement) -> None:
+    placement.check_batch(self.config.train.batch_size, "train.batch_size")
+    placement.check_batch(self.config.eval.batch_size, "eval.batch_size")
+
+  def build(self, placement: Placement):
+    model = build_classifier(self.config, self.spec.num_classes)
+    optimizer = nnx.Optimizer(model, make_optimizer(self.config.train), wrt=self._trainable)
+    return placement.put((model, optimizer))
+
+  def _tokenized(self, split: str, n_examples: int | None) -> dict[str, np.ndarray]:
+    """A split as arrays: `tokens [N, max_len]`, `lengths [N]`, `labels [N]`."""
+    loaded = classification.load_task_split(self.config.task, split, n_examples=n_examples,
+                                            seed=self.config.seed)
+    if self._tokenizer is None:
+      self._tokenizer = load_tokenizer(self.config.backbone)
+    tokens, lengths = self._tokenizer.encode(loaded.texts, self.config.task.max_len)
+    return {"tokens": tokens, "lengths": lengths, "labels": loaded.labels}
+
+  def load_data(self, placement: Placement):
+    train = self._tokenized("train", self.config.task.get("n_train"))
+    self._valid = self._tokenized(self.spec.eval_split, self.config.eval.get("max_examples"))
+    return task_batches.train_iterator(train, self.batch_size, self.config.seed,
+                                       placement.local_rows(self.batch_size))
+
+  def loss(self, model: SequenceClassifier, batch, carry):
+    logits_bc, aux = model(batch["tokens"], batch["lengths"])
+    loss = task_loss(logits_bc, batch["labels"])
+    return loss + aux["reg_loss"], ({"task_loss": loss}, carry)
+
+  def evaluate(self, model: SequenceClassifier, placement: Placement) -> dict[str, float]:
+    return self._score(model, placement, self._valid)
+
+  def _score(self, model, placement: Placement, arrays) -> dict[str, float]:
+    """The task's metrics (`spec.metrics`) of the model's predictions on `arrays`."""
+    if np.all(arrays["labels"] < 0):
+      raise HiddenLabelsError(f"{self.spec.name}: this split's labels are hidden (GLUE test "
+                              f"splits); evaluate on {self.spec.eval_split!r} or submit "
+                              "predictions to GLUE.")
+    batch_size = self.config.eval.batch_size
+    predict = make_predict_step(nnx.graphdef(model), placement)
+    state, rows, preds = nnx.state(model), placement.local_rows(batch_size), []
+    with jax.set_mesh(placement.mesh):
+      for batch in task_batches.eval_batches(arrays, batch_size):
+        weights = batch.pop("weights")
+        local = {k: v[rows] for k, v in batch.items()}
+        preds.append(np.asarray(predict(state, placement.global_batch(local, batch_size)))
+                     [weights > 0])
+    return classification_metrics.compute(self.spec.metrics, np.concatenate(preds),
+                                          arrays["labels"])
+
+  def finish(self, run, step: int) -> dict[str, float]:
+    """Writes `storage.json`: the trainable parameters and their bytes on disk (one task's
+    storage cost); returns the trainable parameter count."""
+    n_trainable = sum(x.size for x in jax.tree.leaves(nnx.state(run.model, self._trainable)))
+    n_total = sum(x.size for x in jax.tree.leaves(nnx.state(run.model, nnx.Param)))
+    report = {"method": self.config.method.kind, "trainable_params": int(n_trainable),
+              "total_params": int(n_total),
+              "trainable_bytes_on_disk": run.checkpointer.params_bytes(step)}
+    if jax.process_index() == 0:
+      with open(os.path.join(run.workdir, "storage.json"), "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=2)
+    return {"trainable_params": report["trainable_params"]}
+
+  def evaluate_checkpoint(self, workdir: str, step: int, split: str,
+                          max_batches: int | None) -> dict:
+    """Scores `split` (default: the task's validation split) with the backbone rebuilt from
+    `backbone` and step `step`'s trainable part on top. `max_batches` limits the batches."""
+    placement = Placement(parallel.mesh_from_config(self.config.get("mesh", {})))
+    model = build_classifier(self.config, self.spec.num_classes)
+    checkpointer = Checkpointer(workdir, params=self.checkpoint_params)
+    try:
+      checkpointer.restore_params(step, model)
+    finally:
+      checkpointer.close()
+    model = placement.put(model)
+    split = self.spec.eval_split if split in (None, "validation") else split
+    n_examples = None if max_batches is None else max_batches * self.config.eval.batch_size
+    arrays = self._tokenized(split, None)
+    if n_examples is not None:
+      arrays = {k: v[:n_examples] for k, v in arrays.items()}
+    return self._score(model, placement, arrays)
+
+  def param_report(self) -> dict:
+    return storage_report(backbone_model_config(self.config.backbone), self.config.method,
+                          num_classes=self.spec.num_classes)

@@ -1,0 +1,120 @@
+"""Language modelling: a `TransformerLM` on contiguous token streams, carrying XL memory.
+
+Config sections: `data` (`sparse_jax.data`), `model` (`models.lm`), `train`, `eval`
+(`batch_size`, `mem_len`, `max_batches`), `mesh`. Step t reads segment t of each of the
+`data.batch_size` streams, so the memory carried from step to step (and saved in every
+checkpoint as the item `memory`) holds the real preceding text.
+"""
+
+import ml_collections
+from flax import nnx
+
+from sparse_jax import data, parallel
+from sparse_jax.models.accounting import model_report
+from sparse_jax.models.lm import TransformerLM
+from sparse_jax.models.xl_memory import XLMemory
+from sparse_jax.training.checkpointing import Checkpointer
+from sparse_jax.training.config_checks import validate_config
+from sparse_jax.training.optimizer import make_optimizer
+from sparse_jax.training.placement import Placement
+from sparse_jax.training.steps import make_rngs
+from sparse_jax.training.task import Task
+from sparse_jax.training.tasks.lm_evaluation import Evaluator, cross_entropy, unit_metric
+
+
+def build_model(config: ml_collections.ConfigDict) -> TransformerLM:
+  return TransformerLM(config.model, rngs=make_rngs(config.seed))
+
+
+def build_model_and_optimizer(config: ml_collections.ConfigDict):
+  """The model and its optimiser (state for `nnx.Param`s only)."""
+  model = build_model(config)
+  return model, nnx.Optimizer(model, make_optimizer(config.train), wrt=nnx.Param)
+
+
+def make_evaluator(config: ml_collections.ConfigDict, model: TransformerLM,
+                   placement: Placement | None = None) -> Evaluator:
+  return Evaluator(model, batch_size=config.eval.batch_size, seq_len=config.data.seq_len,
+                   mem_len=config.eval.mem_len, unit=data.spec(config.data).unit,
+                   placement=placement)
+
+
+class LanguageModelTask(Task):
+  """Next-token prediction; the loss is the mean cross-entropy plus the FF regularisers."""
+
+  rate_name = "tokens_per_second"
+
+  def __init__(self, config: ml_collections.ConfigDict):
+    validate_config(config)
+    super().__init__(config)
+    self.unit = data.spec(config.data).unit
+    self._valid, self._evaluator = None, None
+
+  @property
+  def batch_size(self) -> int:
+    return self.config.data.batch_size
+
+  @property
+  def items_per_step(self) -> int:
+    return self.config.data.batch_size * self.config.data.seq_len
+
+  def check_mesh(self, placement: Placement) -> None:
+    placement.check_batch(self.config.data.batch_size, "data.batch_size")
+    placement.check_batch(self.config.eval.batch_size, "eval.batch_size")
+    placement.check_experts(self.config.model.ff.get("n_experts"))
+
+  def load_data(self, placement: Placement):
+    cfg = self.config.data
+    self._valid = data.load_split(cfg, "validation")
+    return data.train_iterator(data.load_tokens(cfg, "train"), cfg.batch_size, cfg.seq_len,
+                               placement.data_shard(cfg.batch_size))
+
+  def build(self, placement: Placement):
+    return placement.create(lambda: build_model_and_optimizer(self.config))
+
+  def init_carry(self, model: TransformerLM, placement: Placement) -> XLMemory:
+    return placement.create_memory(lambda: model.init_memory(self.batch_size))
+
+  def carry_shardings(self, placement: Placement) -> XLMemory:
+    return placement.memory_shardings()
+
+  def checkpoint_extras(self, memory: XLMemory) -> dict:
+    return {"memory": {"hidden": memory.hidden_lbmd, "valid": memory.valid}}
+
+  def carry_from_extras(self, extras: dict, memory: XLMemory) -> XLMemory:
+    del memory
+    return XLMemory(extras["memory"]["hidden"], extras["memory"]["valid"])
+
+  def loss(self, model: TransformerLM, batch, memory: XLMemory):
+    logits, new_memory, aux = model(batch["inputs"], memory)
+    nll_sum, n_tokens = cross_entropy(logits, batch["targets"])
+    ce = nll_sum / n_tokens
+    return ce + aux["reg_loss"], ({"ce": ce, "reg_loss": aux["reg_loss"]}, new_memory)
+
+  def log_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+    return unit_metric(metrics["ce"], self.unit)
+
+  def evaluate(self, model: TransformerLM, placement: Placement) -> dict[str, float]:
+    if self._evaluator is None:
+      self._evaluator = make_evaluator(self.config, model, placement)
+    return self._evaluator(model, self._valid.tokens, max_batches=self.config.eval.max_batches,
+                           words_per_token=self._valid.words_per_token)
+
+  def evaluate_checkpoint(self, workdir: str, step: int, split: str,
+                          max_batches: int | None) -> dict:
+    """Restores the model sharded onto the saved config's mesh; evaluates with the saved
+    `eval.mem_len`. Token (SentencePiece) datasets report perplexity per token and per word."""
+    placement = Placement(parallel.mesh_from_config(self.config.get("mesh", {})))
+    model = placement.create(lambda: build_model(self.config))
+    checkpointer = Checkpointer(workdir)
+    try:
+      checkpointer.restore_params(step, model)
+    finally:
+      checkpointer.close()
+    loaded = data.load_split(self.config.data, split)
+    metrics = make_evaluator(self.config, model, placement)(
+        model, loaded.tokens, max_batches=max_batches, words_per_token=loaded.words_per_token)
+    return {"mem_len": self.config.eval.mem_len, **metrics}
+
+  def param_report(self) -> dict:
+    return model_report(self.config.model)

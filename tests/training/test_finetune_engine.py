@@ -1,0 +1,84 @@
+"""Fine-tuning on the shared engine: exact resume with routing randomness in the backbone, and
+device meshes equal to one device (8 simulated CPU devices).
+
+The backbone is a tiny sigma-MoE LM pretrained here with our own trainer; it keeps expert
+dropout (drawn from the `routing` stream) and dropout (the `dropout` stream) while the memory
+and head train on GLUE RTE served offline to TFDS's real builder.
+"""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from training_testing import patch_step, sigterm_at, train_losses
+
+from configs import spartan_rte
+from sparse_jax import parallel
+from sparse_jax.finetune import methods
+from sparse_jax.finetune.backbones import build_classifier
+from sparse_jax.training import Checkpointer, task_for, train_and_evaluate
+
+
+@pytest.fixture
+def backbone_dir(tiny_config, tmp_path):
+  """A tiny byte LM whose MoE routing is random in training (expert dropout 0.1)."""
+  assert tiny_config.model.ff.expert_dropout > 0
+  tiny_config.train.update(steps=2, warmup_steps=1, ckpt_every=2, log_every=2)
+  workdir = str(tmp_path / "backbone")
+  train_and_evaluate(tiny_config, workdir)
+  return workdir
+
+
+def finetune_config(backbone_dir, data_dir, batch_size=2):
+  config = spartan_rte.get_config("spartan")
+  config.backbone.update(kind="lm_checkpoint", path=backbone_dir)
+  config.task.update(data_dir=data_dir, max_len=24)
+  config.method.spartan.update(n_parents=4, n_children=2, top_k=2)
+  config.train.update(steps=4, warmup_steps=1, batch_size=batch_size, log_every=1,
+                      eval_every=100, ckpt_every=2, lr=1e-2)
+  config.eval.batch_size = batch_size
+  config.mesh.data = 1
+  return config
+
+
+def saved_trainable(workdir, config):
+  """The trainable parameters of `workdir`'s latest checkpoint, as numpy."""
+  model = build_classifier(config, num_classes=2)
+  trainable = methods.trainable_filter(config.method)
+  checkpointer = Checkpointer(workdir, params=task_for(config).checkpoint_params)
+  checkpointer.restore_params(checkpointer.latest_step(), model)
+  checkpointer.close()
+  return jax.device_get(nnx.to_pure_dict(nnx.state(model, trainable)))
+
+
+def test_resume_with_routing_randomness_is_bit_identical(backbone_dir, offline_glue, tmp_path,
+                                                         monkeypatch):
+  config = finetune_config(backbone_dir, str(tmp_path / "tfds"))
+  straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+  train_and_evaluate(config, straight)
+  with monkeypatch.context() as m:
+    patch_step(m, sigterm_at(1))
+    assert train_and_evaluate(config, resumed) == {"step": 2, "interrupted": 1.0}
+  train_and_evaluate(config, resumed)
+
+  assert train_losses(resumed) == train_losses(straight)
+  jax.tree.map(np.testing.assert_array_equal, saved_trainable(resumed, config),
+               saved_trainable(straight, config))
+
+
+def test_finetune_on_a_mesh_equals_one_device(backbone_dir, offline_glue, tmp_path):
+  """Tolerances as in test_parallel_training: a mesh reorders f32 reductions only (losses
+  rtol 2e-5); Adam moves parameters by about lr per step whatever the gradient's size, so
+  parameters get atol 1e-3, a tenth of lr."""
+  config = finetune_config(backbone_dir, str(tmp_path / "tfds"), batch_size=8)
+  one = str(tmp_path / "one")
+  train_and_evaluate(config, one, mesh=parallel.make_mesh((1, 1, 1)))
+  for shape in [(2, 4, 1)]:  # data and fsdp over 8 devices
+    workdir = str(tmp_path / str(shape))
+    train_and_evaluate(config, workdir, mesh=parallel.make_mesh(shape))
+    got, expected = train_losses(workdir), train_losses(one)
+    assert sorted(got) == [1, 2, 3, 4]
+    np.testing.assert_allclose([got[s] for s in got], [expected[s] for s in got], rtol=2e-5,
+                               err_msg=str(shape))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-3, err_msg=str(shape)),
+                 saved_trainable(workdir, config), saved_trainable(one, config))
