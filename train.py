@@ -18,6 +18,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from sparse_jax.config_overrides import switch_kinds
 from sparse_jax.parallel import mesh_from_config
 from sparse_jax.training import distributed, task_for
 from sparse_jax.training.loop import format_metrics, run_task
@@ -28,12 +29,31 @@ def _env_int(name: str) -> int | None:
   return int(os.environ[name]) if name in os.environ else None
 
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py",
-                                          "Experiment config file (get_config()).")
+def _unknown_section(error: Exception):
+  """Exits naming an override inside a section the config lacks (`--config.trian.steps=3`),
+  which ml_collections reports as a KeyError/AttributeError, instead of a traceback."""
+  sys.exit(f"train.py: a --config override names a section the config does not have: "
+           f"{error.args[0] if error.args else error}")
+
+
+def _define_config_flag():
+  """The `--config` flag. New attributes are accepted so that switching a kind
+  (`--config.data.name=text_files`) can set the new kind's fields; `switch_kinds` drops the
+  old kind's and the schemas reject typos. Without `--config`, absl parses the default file
+  and its overrides right here."""
+  try:
+    return config_flags.DEFINE_config_file("config", "configs/default.py",
+                                           "Experiment config file (get_config()).",
+                                           lock_config=False, accept_new_attributes=True)
+  except (KeyError, AttributeError) as e:
+    _unknown_section(e)
+
+
+_CONFIG = _define_config_flag()
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/<config name>).")
 _PRINT_PARAMS = flags.DEFINE_bool(
-    "print_params", False, "Print the model's parameter and FF FLOP counts (fine-tuning: trainable parameters and "
-    "storage per task), then exit.")
+    "print_params", False, "Print the model's parameter and FF FLOP counts (fine-tuning: "
+    "trainable parameters and storage per task), then exit.")
 _COORDINATOR = flags.DEFINE_string(
     "coordinator_address", os.environ.get("JAX_COORDINATOR_ADDRESS"),
     "Multi-process job: host:port of process 0 (env JAX_COORDINATOR_ADDRESS).")
@@ -59,8 +79,18 @@ def _print_report(report: dict) -> None:
           f"{name}: {value:,d}" if isinstance(value, int) else f"{name}: {value}")
 
 
+def _parse_flags(argv: list[str]):
+  """absl's flag parsing (with `--config=FILE`, the config and its overrides are parsed
+  here)."""
+  try:
+    return app.parse_flags_with_usage(argv)
+  except (KeyError, AttributeError) as e:
+    _unknown_section(e)
+
+
 def main(argv):
   del argv
+  switch_kinds(_CONFIG.value, config_flags.get_override_values(flags.FLAGS["config"]))
   logging.set_verbosity(logging.WARNING)
   workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
   try:
@@ -70,7 +100,7 @@ def main(argv):
     if _PRINT_PARAMS.value:
       _print_report(task.param_report())
       return
-    final = run_task(task, workdir, mesh_from_config(_CONFIG.value.get("mesh", {})))
+    final = run_task(task, workdir, mesh_from_config(task.typed.mesh))
   except (ConfigError, FileNotFoundError) as e:
     sys.exit(f"train.py: {e}")
   if jax.process_index() == 0:
@@ -78,4 +108,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

@@ -21,7 +21,7 @@ import ml_collections
 from flax import nnx
 
 from sparse_jax.models.blocks import DecoderBlock
-from sparse_jax.models.lm import TransformerLM
+from sparse_jax.models.lm import TransformerLM, validate_model_config
 
 VARIANTS = {  # name: (attention, FF config)
     "dense": ("causal", {"kind": "dense", "d_ff": 4096}),
@@ -49,7 +49,7 @@ def median_seconds(fn, args, repeats: int) -> float:
 
 
 def time_block(cfg, context: int, repeats: int) -> float:
-  block = DecoderBlock(cfg, rngs=nnx.Rngs(0))
+  block = DecoderBlock(validate_model_config(cfg), rngs=nnx.Rngs(0))
   block.eval()
   graphdef, state = nnx.split(block)
   cache = block.attn.init_cache(1, context + 1, jnp.float32)

@@ -1,6 +1,9 @@
 """The embedded default: a small sigma-MoE Transformer-XL on `builtin` (no download).
 
 `python train.py` runs this into `runs/default`; it finishes in about 10 minutes on 2 CPU cores.
+Derived values are `FieldReference`s, so they follow an override of what they derive from:
+`train.warmup_steps` is 10% of `train.steps` and `eval.mem_len` is 4x `data.seq_len`
+(`--config.train.steps=20` warms up for 2 steps; an explicit override of either still wins).
 """
 
 import ml_collections
@@ -38,7 +41,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.train = ml_collections.ConfigDict()
   config.train.steps = 400
   config.train.lr = 2e-3
-  config.train.warmup_steps = 40
+  config.train.warmup_steps = config.train.get_ref("steps") // 10
   config.train.grad_clip = 0.25
   config.train.log_every = 20
   config.train.eval_every = 200
@@ -51,6 +54,6 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.eval = ml_collections.ConfigDict()
   config.eval.batch_size = 16
-  config.eval.mem_len = 4 * config.data.seq_len  # the paper evaluates with 4x the context.
+  config.eval.mem_len = config.data.get_ref("seq_len") * 4  # The paper's 4x the context.
   config.eval.max_batches = 50  # None evaluates the whole split.
   return config

@@ -13,7 +13,7 @@ def get_config():
   config = default.get_config()
   config.model.update(d_model=128, n_layers=4, n_heads=4, mem_len=128, dropout=0.0)
   config.model.ff = {"kind": "dense", "d_ff": 514, "dropout": 0.0}
-  config.train.update(steps=1000, warmup_steps=100, lr=2e-3, log_every=50, eval_every=1000,
-                      ckpt_every=1000)
+  config.train.update(steps=1000, lr=2e-3, log_every=50, eval_every=1000,
+                      ckpt_every=1000)  # warmup_steps: 10% of the steps, as in default.py.
   config.eval.max_batches = 100
   return config

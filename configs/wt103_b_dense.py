@@ -1,8 +1,9 @@
 """WikiText-103 big dense baseline ("WT-B") of the sigma-MoE paper (Table 6, 262M parameters).
 
 The data of `configs/wt103_s_dense.py` (SentencePiece 8k) with a bigger model, a longer
-context and 4000 warmup steps. `python train.py --config=configs/wt103_b_dense.py
---config.data.data_dir=DIR` after preparing the data (README "Datasets").
+context and 4000 warmup steps (4% of `train.steps`, so it follows an override of the steps).
+`python train.py --config=configs/wt103_b_dense.py --config.data.data_dir=DIR` after
+preparing the data (README "Datasets").
 """
 
 import ml_collections
@@ -16,5 +17,6 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.update(d_model=1024, n_layers=18, n_heads=16, head_dim=64, mem_len=512,
                       dropout=0.2)
   config.model.ff = ml_collections.ConfigDict({"kind": "dense", "d_ff": 4110, "dropout": 0.2})
-  paper_training.paper_train_and_eval(config, warmup_steps=4000)
+  paper_training.paper_train_and_eval(config)
+  config.train.warmup_steps = config.train.get_ref("steps") // 25  # 4000 of the 100k steps.
   return config

@@ -27,7 +27,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.seq_len = 256
 
   config.model = ml_collections.ConfigDict()
-  config.model.vocab_size = config.data.sp_vocab_size
+  config.model.vocab_size = config.data.get_ref("sp_vocab_size").identity()  # Follows it.
   config.model.d_model = 412
   config.model.n_layers = 16
   config.model.n_heads = 10

@@ -4,54 +4,112 @@ The mesh has three axes, all `AxisType.Auto` so XLA propagates shardings through
 
 - `data`: data parallelism. The batch is split over it; parameters are replicated.
 - `fsdp`: fully-sharded data parallelism. The batch is split over it too, and every parameter
-  and optimiser-state array is split over it along one dimension (all-gathered by XLA where
-  it is used).
-- `expert`: expert parallelism. The batch is split over it too, and the MoE experts
-  (`w_up`, `w_down`) are split over it along their expert dimension; token slots travel to
-  their expert's device and back (`sparse_jax.layers.expert_parallel`).
+  and optimiser-state array is split over it along one dimension that the fsdp size divides,
+  if any (all-gathered by XLA where it is used).
+- `expert`: expert parallelism. The batch is split over it too, and the MoE expert weights
+  are split over it along their `experts` dimension; token slots travel to their expert's
+  device and back (`sparse_jax.layers.expert_parallel`).
 
 So every device holds `batch / (data * fsdp * expert)` rows of each batch. The trainer always
 runs on a mesh (1 x 1 x 1 on one device); layers and models used without `jax.set_mesh`, as
 in a notebook, behave as they always did on one device.
 
-Logical axes name what a parameter dimension is; `RULES` maps them to mesh axes:
-`experts` (a MoE's expert dimension) -> `expert`; `fsdp` (the dimension chosen for FSDP) ->
-`fsdp`; `batch` -> all three axes.
+Every parameter declares, where it is created, the logical name of each of its dimensions as
+the variable metadata `logical_axes` (`nnx.Param(w, logical_axes=("embed", "mlp"))`; flax
+modules through `kernel_metadata={"logical_axes": ...}` and the like). This module alone maps
+those names to mesh axes; nothing depends on a parameter's attribute name. The metadata key is
+our own, not flax's `out_sharding`, which would make flax shard eagerly and fail outside a
+mesh. Adam's moments inside `nnx.Optimizer` carry the metadata of the parameter they mirror.
+
+The logical axes (`LOGICAL_AXES`):
+
+- `batch`: the examples of a batch (activations, the XL memory, expert-parallel tokens).
+- `experts`: the expert dimension of MoE expert weights; each expert lives on one device of
+  `expert`.
+- `expert_scores`: a router's per-expert score dimension (its selector's rows). Not split
+  over `expert`: every device scores its own tokens against all experts.
+- `embed`: the model width `d_model`.
+- `mlp`: hidden units of a feed-forward: `d_ff`, an expert's `G`, an adapter's bottleneck,
+  the classification head's hidden layer.
+- `lowrank`: the rank of the sparse feed-forward's controller.
+- `vocab`: rows of an embedding table (tokens, positions, token types) and output logits.
+- `heads`: attention heads (the sparse QKV layer's modules); in a projection that keeps heads
+  and their channels in one flattened dimension (`nnx.Linear`), that dimension.
+- `head_dim`: the channels of one head (one module of the sparse QKV layer).
+- `memory`: cells of a learned memory: PKM sub-keys and values, SPARTAN parents and children.
+- `classes`, `conv`, `key_half`: a classifier's outputs, a convolution's filter taps, the two
+  halves of a PKM product key. Small; never split.
+
+`RULES` maps them to mesh axes. Rules are tried in order, each on the first dimension with
+its name whose size the rule's mesh axes divide, provided none of those axes already splits
+another dimension of the array. So the expert weights are split over `expert` along
+`experts`, every parameter over `fsdp` along the first of `embed, mlp, vocab, ...` that the
+fsdp size divides (replicated if none does), and batches over all three axes. Arrays without
+declared axes (RNG keys, step counts, a parameter that declares none) are replicated.
 """
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
 import jax
 import numpy as np
 from absl import logging
+from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from sparse_jax import validation
+from sparse_jax import schema, validation
 
 DATA, FSDP, EXPERT = "data", "fsdp", "expert"
 MESH_AXES = (DATA, FSDP, EXPERT)
 BATCH_AXES = (DATA, FSDP, EXPERT)
 
-RULES = {"batch": BATCH_AXES, "experts": EXPERT, "fsdp": FSDP}
+LOGICAL_AXES_KEY = "logical_axes"  # The variable metadata holding a parameter's axes.
+LOGICAL_AXES = ("batch", "experts", "expert_scores", "embed", "mlp", "lowrank", "vocab",
+                "heads", "head_dim", "memory", "classes", "conv", "key_half")
 
-# Parameters whose leading dimension is the expert dimension (`MoE.w_up`, `MoE.w_down`).
-EXPERT_PARAMS = ("w_up", "w_down")
+RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("batch", BATCH_AXES),
+    ("experts", (EXPERT,)),
+    ("embed", (FSDP,)),
+    ("mlp", (FSDP,)),
+    ("vocab", (FSDP,)),
+    ("memory", (FSDP,)),
+    ("heads", (FSDP,)),
+    ("head_dim", (FSDP,)),
+    ("lowrank", (FSDP,)),
+    ("expert_scores", (FSDP,)),
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MeshConfig(schema.Schema):
+  """The `mesh` section: sizes of the `(data, fsdp, expert)` axes; one may be -1, "all
+  remaining devices" (an empty section: one device)."""
+
+  data: int = 1
+  fsdp: int = 1
+  expert: int = 1
+
+  def sizes(self) -> list[int]:
+    return [self.data, self.fsdp, self.expert]
+
+  def check(self, path: str) -> None:
+    for axis, size in zip(MESH_AXES, self.sizes()):
+      validation.require(size >= 1 or size == -1, f"{path}.{axis}",
+                         "a positive integer or -1 (all remaining devices)", size)
+    validation.require(self.sizes().count(-1) <= 1, path,
+                       "at most one of data, fsdp, expert set to -1", self.to_dict())
 
 
 def mesh_shape(mesh_config, n_devices: int) -> tuple[int, int, int]:
-  """`(data, fsdp, expert)` sizes from a `config.mesh` section; one size may be -1 (the rest).
+  """`(data, fsdp, expert)` sizes from a `mesh` section (`MeshConfig` or a mapping), -1
+  resolved to the remaining devices.
 
-  Sizes default to 1. Raises `ConfigError` naming the field for a bad size or a mesh larger
-  than the `n_devices` available.
+  Raises `ConfigError` naming the field for a bad size or a mesh larger than the `n_devices`
+  available.
   """
-  sizes = [mesh_config.get(axis, 1) for axis in MESH_AXES]
-  for axis, size in zip(MESH_AXES, sizes):
-    if not isinstance(size, int) or (size < 1 and size != -1):
-      raise validation.ConfigError(
-          f"mesh.{axis} must be a positive integer or -1 (all remaining devices); got {size!r}.")
-  if sizes.count(-1) > 1:
-    raise validation.ConfigError("at most one of mesh.data, mesh.fsdp, mesh.expert may be -1.")
+  sizes = MeshConfig.parse(mesh_config, "mesh").sizes()
   if -1 in sizes:
     sizes[sizes.index(-1)] = max(1, n_devices // math.prod(s for s in sizes if s != -1))
   if math.prod(sizes) > n_devices:
@@ -70,7 +128,7 @@ def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None)
 
 
 def mesh_from_config(mesh_config) -> Mesh:
-  """The mesh of a `config.mesh` section (an empty section: one device)."""
+  """The mesh of a `mesh` section (`MeshConfig` or a mapping; empty: one device)."""
   shape = mesh_shape(mesh_config, jax.device_count())
   if math.prod(shape) < jax.device_count():
     logging.warning("The mesh %s uses %d of the %d devices.", dict(zip(MESH_AXES, shape)),
@@ -90,53 +148,70 @@ def batch_shards(mesh) -> int:
   return math.prod(axis_size(mesh, axis) for axis in BATCH_AXES)
 
 
-def logical_axes(name: str, shape: Sequence[int], fsdp_size: int) -> tuple[str | None, ...]:
-  """Logical axes of a parameter (or its optimiser state) called `name` of `shape`.
+def mesh_axes(logical_name: str, mesh=None) -> tuple[str, ...]:
+  """The mesh axes `RULES` maps `logical_name` to (only those of `mesh`, when given)."""
+  axes = dict(RULES).get(logical_name, ())
+  return tuple(a for a in axes if mesh is None or a in mesh.axis_names)
 
-  A MoE expert weight's first dimension is `experts`. FSDP splits the largest remaining
-  dimension that `fsdp_size` divides (the first such on ties); arrays with no such dimension
-  (scalars, small vectors) stay replicated.
+
+def partition_spec(logical: Sequence[str | None], shape: Sequence[int] | None = None,
+                   mesh=None) -> PartitionSpec:
+  """`RULES` applied to the logical axes of an array (`None`: a dimension never split).
+
+  With `mesh`, only its axes are used, and with `shape` too a rule skips a dimension that
+  the product of its axes' sizes does not divide (see the module docstring).
   """
-  axes: list[str | None] = [None] * len(shape)
-  if name in EXPERT_PARAMS and len(shape) == 3:
-    axes[0] = "experts"
-  if fsdp_size > 1:
-    free = [i for i in range(len(shape)) if axes[i] is None and shape[i] % fsdp_size == 0]
-    if free:
-      axes[max(free, key=lambda i: (shape[i], -i))] = "fsdp"
-  return tuple(axes)
+  unknown = [name for name in logical if name is not None and name not in LOGICAL_AXES]
+  if unknown:
+    raise ValueError(f"unknown logical axes {unknown}; the known ones are {LOGICAL_AXES}.")
+  spec: list[str | tuple[str, ...] | None] = [None] * len(logical)
+  taken: set[str] = set()
+  for name, _ in RULES:
+    axes = mesh_axes(name, mesh)
+    if not axes or taken.intersection(axes):
+      continue
+    size = math.prod(axis_size(mesh, axis) for axis in axes)
+    dims = [i for i, n in enumerate(logical)
+            if n == name and (shape is None or shape[i] % size == 0)]
+    if dims:
+      spec[dims[0]] = axes[0] if len(axes) == 1 else axes
+      taken.update(axes)
+  return PartitionSpec(*spec)
 
 
-def to_mesh_axes(logical: Sequence[str | None]) -> PartitionSpec:
-  """Applies `RULES` to logical axes."""
-  return PartitionSpec(*(None if name is None else RULES[name] for name in logical))
-
-
-def _last_name(path) -> str:
-  """The innermost string key of a state path: the parameter's attribute name (a path ends
-  in the Variable's own `.value`, which is skipped)."""
-  keys = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
-  return next((k for k in reversed(keys) if isinstance(k, str)), "")
+def declared_axes(variable: nnx.Variable) -> tuple[str, ...] | None:
+  """The logical axes `variable` declares in its metadata, or None."""
+  return variable.get_metadata(LOGICAL_AXES_KEY, None)
 
 
 def state_shardings(state, mesh: Mesh):
-  """A `NamedSharding` for every array of an `nnx.State` (model and/or optimiser)."""
-  fsdp_size = axis_size(mesh, FSDP)
+  """A `NamedSharding` for every array of an `nnx.State` (model and/or optimiser), in the
+  state's structure: each Variable's from its declared logical axes, replicated without.
+
+  Raises ValueError for a Variable that declares a different number of axes than it has.
+  """
 
   def sharding(path, leaf):
-    shape = getattr(leaf, "shape", ())
-    if jax.dtypes.issubdtype(getattr(leaf, "dtype", np.float32), jax.dtypes.prng_key):
-      return NamedSharding(mesh, PartitionSpec())
-    return NamedSharding(mesh, to_mesh_axes(logical_axes(_last_name(path), shape, fsdp_size)))
+    axes = declared_axes(leaf) if isinstance(leaf, nnx.Variable) else None
+    if axes is None:
+      spec = PartitionSpec()
+    elif len(axes) != len(leaf.shape):
+      raise ValueError(f"{jax.tree_util.keystr(path)} declares logical axes {axes} for an "
+                       f"array of shape {leaf.shape}.")
+    else:
+      spec = partition_spec(axes, leaf.shape, mesh)
+    named = NamedSharding(mesh, spec)
+    return leaf.replace(named) if isinstance(leaf, nnx.Variable) else named
 
-  return jax.tree.map_with_path(sharding, state)
+  return jax.tree.map_with_path(sharding, state,
+                                is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 2, batch_dim: int = 0) -> NamedSharding:
   """Arrays whose dimension `batch_dim` is the batch: split over `data`, `fsdp`, `expert`."""
-  spec = [None] * ndim
-  spec[batch_dim] = RULES["batch"]
-  return NamedSharding(mesh, PartitionSpec(*spec))
+  logical: list[str | None] = [None] * ndim
+  logical[batch_dim] = "batch"
+  return NamedSharding(mesh, partition_spec(logical, mesh=mesh))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -1,8 +1,14 @@
 """sparse_jax.parallel: mesh sizes from configs, the logical-axis rules, batch rows."""
 
+import functools
+
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
+from flax import nnx
+from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
 from sparse_jax import parallel
@@ -20,8 +26,9 @@ def test_mesh_shape_from_a_config_section(section, devices, expected):
 
 
 @pytest.mark.parametrize("section, message", [
-    ({"data": 0}, "mesh.data must be a positive integer or -1"),
+    ({"data": 0}, "'mesh.data' must be a positive integer or -1"),
     ({"data": -1, "expert": -1}, "at most one of"),
+    ({"dat": 2}, "'mesh.dat' is unknown; did you mean 'data'"),
     ({"data": 4, "fsdp": 4}, "exceeds the 8 devices"),
 ])
 def test_bad_mesh_sections_name_the_field(section, message):
@@ -29,29 +36,71 @@ def test_bad_mesh_sections_name_the_field(section, message):
     parallel.mesh_shape(section, 8)
 
 
-def test_logical_axes_rules():
-  # A MoE expert weight: experts first, then FSDP on the largest remaining dimension.
-  assert parallel.logical_axes("w_up", (8, 64, 32), 4) == ("experts", "fsdp", None)
-  assert parallel.logical_axes("w_down", (8, 32, 64), 1) == ("experts", None, None)
-  # Other arrays: FSDP on the largest dimension it divides; ties go to the first.
-  assert parallel.logical_axes("embedding", (256, 64), 4) == ("fsdp", None)
-  assert parallel.logical_axes("kernel", (64, 64), 4) == ("fsdp", None)
-  assert parallel.logical_axes("kernel", (66, 64), 4) == (None, "fsdp")
-  assert parallel.logical_axes("scale", (6,), 4) == (None,)  # nothing divisible: replicated
-  assert parallel.logical_axes("count", (), 4) == ()
-  assert parallel.to_mesh_axes(("experts", "fsdp", None)) == P("expert", "fsdp", None)
-  assert parallel.to_mesh_axes(("batch", None)) == P(parallel.BATCH_AXES, None)
+def test_partition_spec_applies_the_rules_in_order():
+  mesh = parallel.make_mesh((1, 4, 2))  # fsdp 4, expert 2
+  spec = functools.partial(parallel.partition_spec, mesh=mesh)
+  # An expert weight: experts over `expert`, then fsdp on the first rule's axis it divides.
+  assert spec(("experts", "embed", "mlp"), (8, 16, 6)) == P("expert", "fsdp", None)
+  assert spec(("experts", "mlp", "embed"), (8, 6, 16)) == P("expert", None, "fsdp")
+  assert spec(("experts", "embed", "mlp"), (8, 6, 16)) == P("expert", None, "fsdp")
+  # Experts that the expert axis does not divide stay whole; fsdp is unaffected.
+  assert spec(("experts", "embed", "mlp"), (3, 16, 6)) == P(None, "fsdp", None)
+  # `embed` is the first fsdp rule, ahead of `vocab`, however large the vocabulary.
+  assert spec(("vocab", "embed"), (256, 64)) == P(None, "fsdp")
+  assert spec(("vocab", "embed"), (256, 6)) == P("fsdp", None)
+  # A router's selector rows are not split over `expert`.
+  assert spec(("expert_scores", "embed"), (8, 6)) == P("fsdp", None)
+  # One dimension per mesh axis: only the first divisible `memory` takes fsdp.
+  assert spec(("memory", "memory", "embed"), (8, 4, 6)) == P("fsdp", None, None)
+  assert spec(("memory", "memory", "embed"), (6, 4, 6)) == P(None, "fsdp", None)
+  # Names without a rule are never split; nothing divisible: replicated.
+  conv_axes = ("conv", "conv", "head_dim", "head_dim")
+  assert spec(conv_axes, (4, 4, 8, 8)) == P(None, None, "fsdp", None)
+  assert spec(("embed",), (6,)) == P(None)
+  assert spec((), ()) == P()
 
 
-def test_state_shardings_follow_the_parameter_names():
-  mesh = parallel.make_mesh((1, 2, 4))
-  state = {"ff": {"w_up": jax.ShapeDtypeStruct((8, 16, 6), np.float32)},
-           "norm": {"scale": jax.ShapeDtypeStruct((6,), np.float32)},
-           "rng": jax.ShapeDtypeStruct((), jax.random.key(0).dtype)}
-  shardings = parallel.state_shardings(state, mesh)
-  assert shardings["ff"]["w_up"].spec == P("expert", "fsdp", None)
-  assert shardings["norm"]["scale"].spec == P("fsdp")
-  assert shardings["rng"].spec == P()
+def test_batch_axes_and_meshes_without_some_axes():
+  assert parallel.partition_spec(("batch", None)) == P(parallel.BATCH_AXES, None)
+  expert_only = jax.make_mesh((8,), ("expert",), axis_types=(AxisType.Auto,))
+  assert parallel.mesh_axes("batch", expert_only) == ("expert",)
+  assert parallel.partition_spec(("batch", None), mesh=expert_only) == P("expert", None)
+  assert parallel.partition_spec(("embed", "mlp"), (8, 8), expert_only) == P(None, None)
+  with pytest.raises(ValueError, match="unknown logical axes \\['embd'\\]"):
+    parallel.partition_spec(("embd",))
+
+
+class _Tiny(nnx.Module):
+  """An expert weight and a parameter that declares no axes (named like an expert weight:
+  names play no part), and a dropout with its RNG state."""
+
+  def __init__(self, rngs):
+    self.experts = nnx.Param(jnp.ones((8, 16, 6)), logical_axes=("experts", "embed", "mlp"))
+    self.w_up = nnx.Param(jnp.ones((8, 16, 6)))
+    self.dropout = nnx.Dropout(0.1, rngs=rngs)
+
+
+def test_state_shardings_follow_the_declared_axes_also_for_adam_moments():
+  model = _Tiny(nnx.Rngs(0))
+  optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+  _, state = nnx.split((model, optimizer))
+  shardings = parallel.state_shardings(state, parallel.make_mesh((1, 2, 4)))
+  model_shardings, optimizer_shardings = shardings[0], shardings[1]
+  assert model_shardings["experts"].get_value().spec == P("expert", "fsdp", None)
+  assert model_shardings["w_up"].get_value().spec == P()
+  assert model_shardings["dropout"]["rngs"]["key"].get_value().spec == P()
+  adam = optimizer_shardings["opt_state"][0]
+  for moments in (adam.mu, adam.nu):
+    assert moments["experts"].get_value().spec == P("expert", "fsdp", None)
+    assert moments["w_up"].get_value().spec == P()
+  assert adam.count.get_value().spec == P()
+
+
+def test_axes_that_do_not_match_the_shape_raise():
+  with pytest.raises(ValueError, match=r"declares logical axes \('embed',\) for an array of "
+                                       r"shape \(4, 4\)"):
+    parallel.state_shardings({"w": nnx.Param(jnp.ones((4, 4)), logical_axes=("embed",))},
+                             parallel.make_mesh((1, 1, 1)))
 
 
 def test_every_process_holds_contiguous_batch_rows():

@@ -7,11 +7,10 @@ config section without touching files; `load_task_split` prepares the task's TFD
 (once: later calls find them in `data_dir`) and returns one split's texts and labels, or a
 deterministic random subset of it (the paper's few-shot setting fine-tunes on 200 examples).
 
-`task` config fields: `name` (one of `TASKS`), `data_dir` (None: the TFDS default);
-GLUE only: `download` (default True; False refuses to download and needs prepared records);
-`stdlib_packages` only: `source_root` (None: this Python's library), `snippet_bytes`
-(default 256), `max_snippets_per_file` (default 64) and `packages` (default
-`stdlib_packages.DEFAULT_PACKAGES`).
+The `task` section is a tagged schema (`sparse_jax.schema`): `task.name` (one of `TASKS`)
+picks `StdlibTaskConfig` or `GlueTaskConfig` below, which hold each task's fields and
+defaults; `TaskConfig` holds those every task has, including `max_len` and `n_train`, which
+fine-tuning reads.
 
 GLUE is read with TFDS's own `glue.Glue` builder (its real download code; the TFDS name
 lookup `tfds.builder("glue/rte")` needs TensorFlow, the class does not). GLUE's test splits
@@ -26,7 +25,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 from tensorflow_datasets.text import glue
 
-from sparse_jax import validation
+from sparse_jax import schema, validation
 from sparse_jax.data import stdlib_packages
 
 STDLIB_TASK = "stdlib_packages"
@@ -79,69 +78,95 @@ class ClassificationSplit:
     return len(self.labels)
 
 
-def _optional_str(cfg: ml_collections.ConfigDict, field: str) -> None:
-  value = cfg.get(field)
-  validation.require(value is None or isinstance(value, str), f"task.{field}",
-                     "None or a path", value)
+_schema = dataclasses.dataclass(frozen=True, kw_only=True)
 
 
-def _stdlib_settings(cfg: ml_collections.ConfigDict) -> dict:
-  """Validated `StdlibPackages` arguments from the task config."""
-  _optional_str(cfg, "source_root")
-  snippet_bytes = cfg.get("snippet_bytes", stdlib_packages.DEFAULT_SNIPPET_BYTES)
-  validation.require_positive_int(snippet_bytes, "task.snippet_bytes")
-  max_snippets = cfg.get("max_snippets_per_file",
-                         stdlib_packages.DEFAULT_MAX_SNIPPETS_PER_FILE)
-  validation.require_positive_int(max_snippets, "task.max_snippets_per_file")
-  packages = tuple(cfg.get("packages") or stdlib_packages.DEFAULT_PACKAGES)
-  validation.require(
-      len(packages) >= 2 and len(set(packages)) == len(packages)
-      and all(isinstance(p, str) and p.isidentifier() for p in packages),
-      "task.packages", "at least two distinct package names", packages)
-  return dict(source_root=cfg.get("source_root"), packages=packages,
-              snippet_bytes=snippet_bytes, max_snippets_per_file=max_snippets)
+@_schema
+class TaskConfig(schema.Schema, tag="name"):
+  """The `task` section: `name` picks the task's schema; the fields every task has."""
+
+  name: str
+  max_len: schema.PositiveInt  # Tokens per example fed to the model (longer ones are cut).
+  n_train: schema.PositiveInt | None = None  # Training examples drawn; None: the whole split.
+  data_dir: str | None = None  # None: ~/tensorflow_datasets.
+
+  def spec(self) -> TaskSpec:
+    raise NotImplementedError(f"{type(self).__name__} must define spec().")
+
+  def builder(self) -> tfds.core.DatasetBuilder:
+    """The task's TFDS builder (not prepared)."""
+    raise NotImplementedError(f"{type(self).__name__} must define builder().")
 
 
-def _glue_download(cfg: ml_collections.ConfigDict) -> bool:
-  download = cfg.get("download", True)
-  validation.require(isinstance(download, bool), "task.download", "True or False", download)
-  return download
+@TaskConfig.variant(STDLIB_TASK)
+@_schema
+class StdlibTaskConfig(TaskConfig):
+  """Which stdlib package a snippet comes from (`sparse_jax.data.stdlib_packages`)."""
 
+  source_root: str | None = None  # None: this Python's standard library.
+  snippet_bytes: schema.PositiveInt = stdlib_packages.DEFAULT_SNIPPET_BYTES
+  max_snippets_per_file: schema.PositiveInt = stdlib_packages.DEFAULT_MAX_SNIPPETS_PER_FILE
+  packages: tuple[str, ...] = stdlib_packages.DEFAULT_PACKAGES  # The classes.
 
-def task_spec(task_cfg: ml_collections.ConfigDict) -> TaskSpec:
-  """The spec of `task_cfg.name`, after checking the task's config fields (no file access)."""
-  name = task_cfg.get("name")
-  validation.require_choice(name, "task.name", TASKS)
-  _optional_str(task_cfg, "data_dir")
-  if name == STDLIB_TASK:
-    num_classes = len(_stdlib_settings(task_cfg)["packages"])
-    return TaskSpec(name, num_classes, text_fields=("text",),
+  def check(self, path: str) -> None:
+    packages = self.packages
+    validation.require(len(packages) >= 2 and len(set(packages)) == len(packages)
+                       and all(p.isidentifier() for p in packages), f"{path}.packages",
+                       "at least two distinct package names", packages)
+
+  def spec(self) -> TaskSpec:
+    return TaskSpec(self.name, len(self.packages), text_fields=("text",),
                     metrics=("accuracy", "matthews_corrcoef"), eval_split="validation",
                     is_bytes=True)
-  _glue_download(task_cfg)
-  config = name.removeprefix("glue/")
-  text_fields, num_classes = _GLUE[config]
-  mnli = config == "mnli"
-  return TaskSpec(name, num_classes, text_fields,
-                  metrics=_GLUE_METRICS.get(config, ("accuracy",)),
-                  eval_split="validation_matched" if mnli else "validation", is_bytes=False,
-                  splits=_MNLI_SPLITS if mnli else _SPLITS)
+
+  def builder(self) -> tfds.core.DatasetBuilder:
+    return stdlib_packages.StdlibPackages(
+        source_root=self.source_root, packages=self.packages, snippet_bytes=self.snippet_bytes,
+        max_snippets_per_file=self.max_snippets_per_file, data_dir=self.data_dir,
+        file_format="array_record")
 
 
-def _prepared_builder(task_cfg: ml_collections.ConfigDict,
-                      spec: TaskSpec) -> tfds.core.DatasetBuilder:
-  """The task's TFDS builder, its records prepared in data_dir."""
-  common = dict(data_dir=task_cfg.get("data_dir"), file_format="array_record")
-  if spec.is_bytes:
-    builder = stdlib_packages.StdlibPackages(**_stdlib_settings(task_cfg), **common)
-  else:
-    builder = glue.Glue(config=spec.name.removeprefix("glue/"), **common)
-    if not _glue_download(task_cfg) and not builder.is_prepared():
+@TaskConfig.variant(*(f"glue/{config}" for config in _GLUE))
+@_schema
+class GlueTaskConfig(TaskConfig):
+  """A GLUE task, read by TFDS's `glue.Glue` builder."""
+
+  download: bool = True  # False: never download; the records must be prepared in data_dir.
+
+  def spec(self) -> TaskSpec:
+    config = self.name.removeprefix("glue/")
+    text_fields, num_classes = _GLUE[config]
+    mnli = config == "mnli"
+    return TaskSpec(self.name, num_classes, text_fields,
+                    metrics=_GLUE_METRICS.get(config, ("accuracy",)),
+                    eval_split="validation_matched" if mnli else "validation",
+                    is_bytes=False, splits=_MNLI_SPLITS if mnli else _SPLITS)
+
+  def builder(self) -> tfds.core.DatasetBuilder:
+    builder = glue.Glue(config=self.name.removeprefix("glue/"), data_dir=self.data_dir,
+                        file_format="array_record")
+    if not self.download and not builder.is_prepared():
       raise FileNotFoundError(
-          f"{spec.name}: no prepared records in {builder.data_dir!r} and task.download is "
+          f"{self.name}: no prepared records in {builder.data_dir!r} and task.download is "
           f"False. Prepare them once with network access (task.download=True, same "
           f"task.data_dir), or copy a prepared '{builder.name}/{builder.builder_config.name}'"
-          f" directory into task.data_dir={task_cfg.get('data_dir')!r}.")
+          f" directory into task.data_dir={self.data_dir!r}.")
+    return builder
+
+
+def parse(task_cfg: ml_collections.ConfigDict | dict | TaskConfig) -> TaskConfig:
+  """The typed `task` section, every field of its task checked (no file access)."""
+  return TaskConfig.parse(task_cfg, "task")
+
+
+def task_spec(task_cfg: ml_collections.ConfigDict | dict | TaskConfig) -> TaskSpec:
+  """The spec of `task_cfg.name`, after checking the task's config fields (no file access)."""
+  return parse(task_cfg).spec()
+
+
+def _prepared_builder(task: TaskConfig) -> tfds.core.DatasetBuilder:
+  """The task's TFDS builder, its records prepared in data_dir."""
+  builder = task.builder()
   # TFDS's prepared copies on GCS are TFRecord files, never array_record: don't look for them.
   builder.download_and_prepare(
       download_config=tfds.download.DownloadConfig(try_download_gcs=False))
@@ -175,9 +200,10 @@ def load_task_split(task_cfg: ml_collections.ConfigDict, split: str, *,
 
   The full split keeps the record order. GLUE test splits have labels -1 (see module doc).
   """
-  spec = task_spec(task_cfg)
+  task = parse(task_cfg)
+  spec = task.spec()
   validation.require_choice(split, "split", spec.splits)
-  source = _prepared_builder(task_cfg, spec).as_data_source(split)
+  source = _prepared_builder(task).as_data_source(split)
   indices = _subset_indices(len(source), n_examples, seed, split)
   records = [source[int(i)] for i in indices]
   if spec.is_bytes:

@@ -1,32 +1,35 @@
 """Datasets by name: TFDS builders prepared as array_record and read without TensorFlow.
 
-`DATASETS` maps `data.name` to a function of the `data` config section giving its
-`DatasetSpec`; it validates that dataset's fields (raising `ConfigError`) without touching
-files, so a bad config fails before anything is prepared. Config fields shared by the builders
-with a downloadable source: `data_dir` (None: the TFDS default), `manual_dir` (None:
-`<data_dir>/downloads/manual`) and `download` (default True).
+The `data` section is a tagged schema (`sparse_jax.schema`): `data.name` picks the dataset's
+`DataConfig` subclass below, which holds that dataset's fields (types, ranges, defaults) and
+makes its builder. `spec(cfg)` parses the section (raising `ConfigError` without touching
+files, so a bad config fails before anything is prepared) and describes the dataset. Fields
+every dataset has: `batch_size` and `seq_len` (the LM stream pipeline), `data_dir` (None: the
+TFDS default). Datasets with a downloadable source also have `manual_dir` (None:
+`<data_dir>/downloads/manual`) and `download`.
 """
 
 import dataclasses
 import os
-from typing import Callable
+from typing import Callable, Literal
 
 import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
 
-from sparse_jax import validation
+from sparse_jax import schema, validation
 from sparse_jax.data import enwik8, sentencepiece_tokenizer, text_files, wikitext103
 from sparse_jax.data.builtin import Builtin
 
 SPLITS = ("train", "validation", "test")
+_schema = dataclasses.dataclass(frozen=True, kw_only=True)
 
 
 @dataclasses.dataclass(frozen=True)
 class DatasetSpec:
   """How to build a dataset and what its tokens are."""
 
-  make_builder: Callable[[ml_collections.ConfigDict], tfds.core.DatasetBuilder]
+  make_builder: Callable[[], tfds.core.DatasetBuilder]
   vocab_size: int
   unit: str  # "byte": report bits per byte; "token": report perplexity (and per word).
   feature: str = "bytes"  # The record field holding the tokens.
@@ -44,121 +47,160 @@ class TokenSplit:
     return self.words / len(self.tokens) if self.words and len(self.tokens) else None
 
 
-def _manual_dir(cfg: ml_collections.ConfigDict) -> str:
-  data_dir = cfg.get("data_dir") or tfds.core.constants.DATA_DIR
-  return cfg.get("manual_dir") or os.path.join(data_dir, "downloads", "manual")
+@_schema
+class DataConfig(schema.Schema, tag="name"):
+  """The `data` section: `name` picks the dataset's schema; the fields all datasets have."""
+
+  name: str
+  batch_size: schema.PositiveInt  # Contiguous streams per batch.
+  seq_len: schema.PositiveInt  # Tokens per segment.
+  data_dir: str | None = None  # None: ~/tensorflow_datasets.
+
+  def spec(self) -> DatasetSpec:
+    raise NotImplementedError(f"{type(self).__name__} must define spec().")
 
 
-def _download_fields(cfg: ml_collections.ConfigDict) -> dict:
-  """Builder arguments of the datasets whose source is found in manual_dir or downloaded."""
-  download = cfg.get("download", True)
-  validation.require(isinstance(download, bool), "data.download", "True or False", download)
-  return {"manual_dir": _manual_dir(cfg), "download": download,
-          "data_dir": cfg.get("data_dir"), "file_format": "array_record"}
+@DataConfig.variant("builtin")
+@_schema
+class BuiltinData(DataConfig):
+  """This Python's standard library as bytes (no download)."""
+
+  source_root: str | None = None  # None: this Python's standard library.
+
+  def spec(self) -> DatasetSpec:
+    return DatasetSpec(lambda: Builtin(source_root=self.source_root, data_dir=self.data_dir,
+                                       file_format="array_record"), vocab_size=256, unit="byte")
 
 
-def _sp_vocab_size(cfg: ml_collections.ConfigDict) -> int:
-  vocab_size = cfg.get("sp_vocab_size", sentencepiece_tokenizer.DEFAULT_VOCAB_SIZE)
-  validation.require(
-      isinstance(vocab_size, int) and vocab_size >= sentencepiece_tokenizer.MIN_VOCAB_SIZE,
-      "data.sp_vocab_size", f"an integer >= {sentencepiece_tokenizer.MIN_VOCAB_SIZE}",
-      vocab_size)
-  return vocab_size
+@_schema
+class DownloadedData(DataConfig):
+  """A dataset whose source is found in `manual_dir` or downloaded."""
+
+  manual_dir: str | None = None  # None: <data_dir>/downloads/manual.
+  download: bool = True
+
+  def builder_args(self) -> dict:
+    data_dir = self.data_dir or tfds.core.constants.DATA_DIR
+    return {"manual_dir": self.manual_dir or os.path.join(data_dir, "downloads", "manual"),
+            "download": self.download, "data_dir": self.data_dir,
+            "file_format": "array_record"}
 
 
-def _builtin(cfg: ml_collections.ConfigDict) -> DatasetSpec:
-  def make(cfg):
-    return Builtin(source_root=cfg.get("source_root"), data_dir=cfg.get("data_dir"),
-                   file_format="array_record")
+@DataConfig.variant("enwik8")
+@_schema
+class Enwik8Data(DownloadedData):
+  """Enwik8 bytes (`sparse_jax.data.enwik8`)."""
 
-  return DatasetSpec(make, vocab_size=256, unit="byte")
+  # None: the standard 90M/5M/5M; else (train, validation, test) byte counts.
+  split_bytes: tuple[schema.PositiveInt, schema.PositiveInt, schema.PositiveInt] | None = None
 
-
-def _enwik8(cfg: ml_collections.ConfigDict) -> DatasetSpec:
-  split_bytes = cfg.get("split_bytes")  # None: the standard 90M/5M/5M.
-  validation.require(
-      split_bytes is None or (len(split_bytes) == len(SPLITS) and all(
-          isinstance(n, int) and n > 0 for n in split_bytes)),
-      "data.split_bytes", "None (standard 90M/5M/5M) or three positive byte counts",
-      split_bytes)
-  _download_fields(cfg)  # Validates data.download.
-
-  def make(cfg):
-    custom = cfg.get("split_bytes")
-    return enwik8.Enwik8(
-        split_bytes=tuple(zip(SPLITS, custom)) if custom else enwik8.STANDARD_SPLIT_BYTES,
-        **_download_fields(cfg))
-
-  return DatasetSpec(make, vocab_size=256, unit="byte")
+  def spec(self) -> DatasetSpec:
+    split_bytes = (tuple(zip(SPLITS, self.split_bytes)) if self.split_bytes
+                   else enwik8.STANDARD_SPLIT_BYTES)
+    return DatasetSpec(lambda: enwik8.Enwik8(split_bytes=split_bytes, **self.builder_args()),
+                       vocab_size=256, unit="byte")
 
 
-def _wikitext103(cfg: ml_collections.ConfigDict) -> DatasetSpec:
-  _download_fields(cfg)  # Validates data.download.
-
-  def make(cfg):
-    return wikitext103.Wikitext103(vocab_size=_sp_vocab_size(cfg),
-                                   source_dir=cfg.get("source_dir"), **_download_fields(cfg))
-
-  return DatasetSpec(make, vocab_size=_sp_vocab_size(cfg), unit="token", feature="tokens")
+def _check_sp_vocab_size(vocab_size: int, path: str) -> None:
+  minimum = sentencepiece_tokenizer.MIN_VOCAB_SIZE
+  validation.require(vocab_size >= minimum, f"{path}.sp_vocab_size", f"an integer >= {minimum}",
+                     vocab_size)
 
 
-def _text_files(cfg: ml_collections.ConfigDict) -> DatasetSpec:
-  tokenizer = cfg.get("tokenizer", "bytes")
-  validation.require_choice(tokenizer, "data.tokenizer", text_files.TOKENIZERS)
-  split_files = [cfg.get(f"{split}_file") for split in SPLITS]
-  if cfg.get("file"):
-    validation.require(not any(split_files), "data.file",
-                       "unset when data.train_file/validation_file/test_file are set",
-                       cfg.file)
-    fractions = cfg.get("split_fractions")
-    validation.require(
-        fractions is not None and len(fractions) == len(SPLITS)
-        and all(isinstance(f, (int, float)) and f > 0 for f in fractions)
-        and abs(sum(fractions) - 1.0) < 1e-6,
-        "data.split_fractions", "three positive fractions summing to 1", fractions)
-  else:
-    validation.require(all(split_files), "data.train_file",
-                       "set, with data.validation_file and data.test_file (or set data.file "
-                       "and data.split_fractions)", split_files)
+@DataConfig.variant("wikitext103")
+@_schema
+class Wikitext103Data(DownloadedData):
+  """WikiText-103 as SentencePiece tokens (`sparse_jax.data.wikitext103`)."""
 
-  def make(cfg):
-    return text_files.TextFiles(
-        **{f"{split}_file": cfg.get(f"{split}_file") for split in SPLITS},
-        file=cfg.get("file"), split_fractions=tuple(cfg.get("split_fractions") or ()),
-        tokenizer=tokenizer, vocab_size=_sp_vocab_size(cfg) if tokenizer != "bytes" else 256,
-        data_dir=cfg.get("data_dir"), file_format="array_record")
+  source_dir: str | None = None  # An extracted wikitext-103-raw/ instead of the zip.
+  sp_vocab_size: int = sentencepiece_tokenizer.DEFAULT_VOCAB_SIZE
 
-  if tokenizer == "bytes":
-    return DatasetSpec(make, vocab_size=256, unit="byte")
-  return DatasetSpec(make, vocab_size=_sp_vocab_size(cfg), unit="token", feature="tokens")
+  def check(self, path: str) -> None:
+    _check_sp_vocab_size(self.sp_vocab_size, path)
+
+  def spec(self) -> DatasetSpec:
+    return DatasetSpec(
+        lambda: wikitext103.Wikitext103(vocab_size=self.sp_vocab_size,
+                                        source_dir=self.source_dir, **self.builder_args()),
+        vocab_size=self.sp_vocab_size, unit="token", feature="tokens")
 
 
-DATASETS: dict[str, Callable[[ml_collections.ConfigDict], DatasetSpec]] = {
-    "builtin": _builtin,
-    "enwik8": _enwik8,
-    "wikitext103": _wikitext103,
-    "text_files": _text_files,
-}
+@DataConfig.variant("text_files")
+@_schema
+class TextFilesData(DataConfig):
+  """The user's text files (`sparse_jax.data.text_files`): three split files, or `file` cut
+  by `split_fractions`."""
+
+  train_file: str | None = None
+  validation_file: str | None = None
+  test_file: str | None = None
+  file: str | None = None
+  split_fractions: tuple[schema.PositiveFloat, schema.PositiveFloat,
+                         schema.PositiveFloat] | None = None
+  tokenizer: Literal[text_files.TOKENIZERS] = "bytes"
+  sp_vocab_size: int = sentencepiece_tokenizer.DEFAULT_VOCAB_SIZE  # tokenizer=sentencepiece.
+
+  def check(self, path: str) -> None:
+    split_files = (self.train_file, self.validation_file, self.test_file)
+    if self.file:
+      validation.require(not any(split_files), f"{path}.file",
+                         f"unset when {path}.train_file/validation_file/test_file are set",
+                         self.file)
+      fractions = self.split_fractions
+      validation.require(fractions is not None and abs(sum(fractions) - 1.0) < 1e-6,
+                         f"{path}.split_fractions", "three positive fractions summing to 1",
+                         fractions)
+    else:
+      validation.require(all(split_files), f"{path}.train_file",
+                         f"set, with {path}.validation_file and {path}.test_file (or set "
+                         f"{path}.file and {path}.split_fractions)", split_files)
+    if self.tokenizer == "sentencepiece":
+      _check_sp_vocab_size(self.sp_vocab_size, path)
+
+  def spec(self) -> DatasetSpec:
+    byte_level = self.tokenizer == "bytes"
+    vocab_size = 256 if byte_level else self.sp_vocab_size
+    if self.file:
+      sources = {"file": self.file, "split_fractions": self.split_fractions}
+    else:
+      sources = {"train_file": self.train_file, "validation_file": self.validation_file,
+                 "test_file": self.test_file}
+
+    def make():
+      return text_files.TextFiles(**sources, tokenizer=self.tokenizer, vocab_size=vocab_size,
+                                  data_dir=self.data_dir, file_format="array_record")
+
+    if byte_level:
+      return DatasetSpec(make, vocab_size=256, unit="byte")
+    return DatasetSpec(make, vocab_size=vocab_size, unit="token", feature="tokens")
 
 
-def spec(cfg: ml_collections.ConfigDict) -> DatasetSpec:
-  """The spec of `cfg.name`, after checking that dataset's config fields."""
-  validation.require_choice(cfg.get("name"), "data.name", DATASETS)
-  return DATASETS[cfg.name](cfg)
+DATASETS: dict[str, type[DataConfig]] = DataConfig.variants()
 
 
-def prepared_builder(cfg: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
+def parse(cfg: ml_collections.ConfigDict | dict | DataConfig) -> DataConfig:
+  """The typed `data` section, every field of its dataset checked (no file access)."""
+  return DataConfig.parse(cfg, "data")
+
+
+def spec(cfg: ml_collections.ConfigDict | dict | DataConfig) -> DatasetSpec:
+  """The spec of the dataset `cfg.name`, after checking the section's fields."""
+  return parse(cfg).spec()
+
+
+def prepared_builder(cfg) -> tfds.core.DatasetBuilder:
   """The dataset's builder, prepared (once: later calls find the records in data_dir)."""
-  builder = spec(cfg).make_builder(cfg)
+  builder = spec(cfg).make_builder()
   builder.download_and_prepare()
   return builder
 
 
-def load_split(cfg: ml_collections.ConfigDict, split: str) -> TokenSplit:
+def load_split(cfg, split: str) -> TokenSplit:
   """Prepares the dataset if needed and returns a split's tokens in order, and its words."""
   validation.require_choice(split, "split", SPLITS)
-  feature = spec(cfg).feature
-  source = prepared_builder(cfg).as_data_source(split)
+  data = parse(cfg)
+  feature = data.spec().feature
+  source = prepared_builder(data).as_data_source(split)
   records = [source[i] for i in range(len(source))]
   tokens = (np.concatenate([np.asarray(r[feature]) for r in records]) if records
             else np.zeros((0,), np.uint8))
@@ -166,14 +208,15 @@ def load_split(cfg: ml_collections.ConfigDict, split: str) -> TokenSplit:
   return TokenSplit(tokens, words)
 
 
-def load_tokens(cfg: ml_collections.ConfigDict, split: str) -> np.ndarray:
+def load_tokens(cfg, split: str) -> np.ndarray:
   """Prepares the dataset if needed and returns a split as one contiguous token array."""
   return load_split(cfg, split).tokens
 
 
-def load_tokenizer(cfg: ml_collections.ConfigDict) -> sentencepiece_tokenizer.Tokenizer:
+def load_tokenizer(cfg) -> sentencepiece_tokenizer.Tokenizer:
   """The SentencePiece model stored with a prepared token dataset (to decode its ids)."""
-  validation.require(spec(cfg).feature == "tokens", "data.name",
-                     "a SentencePiece dataset to have a tokenizer", cfg.get("name"))
+  data = parse(cfg)
+  validation.require(data.spec().feature == "tokens", "data.name",
+                     "a SentencePiece dataset to have a tokenizer", data.name)
   return sentencepiece_tokenizer.Tokenizer(
-      sentencepiece_tokenizer.model_path(os.fspath(prepared_builder(cfg).data_dir)))
+      sentencepiece_tokenizer.model_path(os.fspath(prepared_builder(data).data_dir)))

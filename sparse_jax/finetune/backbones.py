@@ -10,33 +10,45 @@ with the plug-ins of `method` freshly initialised on top; `load_tokenizer` the t
 goes with the backbone.
 """
 
+import dataclasses
+from typing import Literal
+
 import ml_collections
 from flax import nnx
 
-from sparse_jax import validation
+from sparse_jax import schema, validation
 from sparse_jax.data.task_tokenizers import ByteTokenizer, RobertaTokenizer
+from sparse_jax.finetune import methods
 from sparse_jax.models import hf_roberta
 from sparse_jax.models.classifier import SequenceClassifier
 from sparse_jax.models.lm import TransformerLM
 from sparse_jax.training.checkpointing import Checkpointer
-from sparse_jax.finetune.methods import with_method
 from sparse_jax.training.steps import make_rngs
 
 BACKBONES = ("hf_roberta", "lm_checkpoint")
 
 
-def validate_backbone_config(cfg: ml_collections.ConfigDict) -> None:
-  validation.require_choice(cfg.get("kind"), "backbone.kind", BACKBONES)
-  validation.require(isinstance(cfg.get("path"), str) and cfg.path, "backbone.path",
-                     "a directory (HF RoBERTa or a train.py workdir)", cfg.get("path"))
-  step = cfg.get("step")
-  validation.require(step is None or (isinstance(step, int) and step > 0), "backbone.step",
-                     "None (latest) or a checkpoint step", step)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BackboneConfig(schema.Schema):
+  """The `backbone` section (module docstring); `step` None means the latest checkpoint."""
+
+  kind: Literal[BACKBONES]
+  path: str
+  step: schema.PositiveInt | None = None
+
+  def check(self, path: str) -> None:
+    validation.require(bool(self.path), f"{path}.path",
+                       "a directory (HF RoBERTa or a train.py workdir)", self.path)
 
 
-def _saved_step(checkpointer: Checkpointer, cfg: ml_collections.ConfigDict) -> int:
+def parse(cfg) -> BackboneConfig:
+  """The typed `backbone` section (a ConfigDict, dict or `BackboneConfig`)."""
+  return BackboneConfig.parse(cfg, "backbone")
+
+
+def _saved_step(checkpointer: Checkpointer, cfg: BackboneConfig) -> int:
   steps = checkpointer.all_steps()
-  step = cfg.get("step") or (max(steps) if steps else None)
+  step = cfg.step or (max(steps) if steps else None)
   if step not in steps:
     raise FileNotFoundError(
         f"no checkpoint{'' if step is None else f' of step {step}'} in {cfg.path}/checkpoints"
@@ -44,9 +56,9 @@ def _saved_step(checkpointer: Checkpointer, cfg: ml_collections.ConfigDict) -> i
   return step
 
 
-def backbone_model_config(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+def backbone_model_config(cfg) -> ml_collections.ConfigDict:
   """The backbone's `model` section (no plug-ins), read without loading any weights."""
-  validate_backbone_config(cfg)
+  cfg = parse(cfg)
   if cfg.kind == "hf_roberta":
     return hf_roberta.encoder_config(cfg.path)
   checkpointer = Checkpointer(cfg.path)
@@ -56,7 +68,7 @@ def backbone_model_config(cfg: ml_collections.ConfigDict) -> ml_collections.Conf
     checkpointer.close()
 
 
-def _lm_checkpoint(cfg: ml_collections.ConfigDict):
+def _lm_checkpoint(cfg: BackboneConfig):
   """The saved `model` section and a `TransformerLM` holding the checkpoint's parameters."""
   checkpointer = Checkpointer(cfg.path)
   try:
@@ -72,27 +84,28 @@ def _lm_checkpoint(cfg: ml_collections.ConfigDict):
   return model_cfg, lm
 
 
-def load_tokenizer(cfg: ml_collections.ConfigDict):
+def load_tokenizer(cfg):
   """The tokenizer that goes with a `backbone` section's model."""
-  validate_backbone_config(cfg)
+  cfg = parse(cfg)
   return RobertaTokenizer(cfg.path) if cfg.kind == "hf_roberta" else ByteTokenizer()
 
 
-def load_backbone(cfg: ml_collections.ConfigDict):
+def load_backbone(cfg):
   """`(model config, pretrained backbone module)` of a `backbone` section."""
-  validate_backbone_config(cfg)
+  cfg = parse(cfg)
   if cfg.kind == "hf_roberta":
     model_cfg = hf_roberta.encoder_config(cfg.path)
     return model_cfg, hf_roberta.load_encoder(cfg.path, model_cfg, rngs=make_rngs(0))
   return _lm_checkpoint(cfg)
 
 
-def build_classifier(config: ml_collections.ConfigDict, num_classes: int) -> SequenceClassifier:
-  """The pretrained backbone with `config.method`'s plug-ins (freshly initialised) and a
-  task head."""
+def build_classifier(config, num_classes: int) -> SequenceClassifier:
+  """The pretrained backbone of `config.backbone` with `config.method`'s plug-ins (freshly
+  initialised from `config.seed`) and a task head."""
   model_cfg, pretrained = load_backbone(config.backbone)
-  classifier = SequenceClassifier(with_method(model_cfg, config.method), num_classes,
-                                  head_dropout=config.method.get("head_dropout", 0.1),
+  method = methods.parse(config.method)
+  classifier = SequenceClassifier(methods.with_method(model_cfg, method), num_classes,
+                                  head_dropout=method.head_dropout,
                                   rngs=make_rngs(config.seed))
   nnx.update(classifier.backbone, nnx.state(pretrained, nnx.Param))
   return classifier

@@ -10,62 +10,112 @@ With `method.train_layer_norms` the backbone's LayerNorms train too, as in the S
 reference code (the paper does not say so). Everything else is frozen: the optimiser holds state
 for the trainable parameters only and gradients are taken with respect to them only, so frozen
 parameters stay bit-identical and a task's checkpoint needs only the trainable part.
+
+What trains is selected by parameter type (`sparse_jax.layers.param_types`: plug-ins, head,
+LayerNorms), never by attribute names.
 """
 
 import copy
+import dataclasses
+from typing import Literal
 
 import ml_collections
 from flax import nnx
 
-from sparse_jax import validation
+from sparse_jax import schema
+from sparse_jax.layers.adapters import ADAPTERS_PER_LAYER
+from sparse_jax.layers.dense_ff import ACTIVATIONS
+from sparse_jax.layers.param_types import HeadParam, LayerNormParam, PlugInParam
+from sparse_jax.layers.spartan import READS
+from sparse_jax.models import plugins
 
 METHODS = ("full", "head", "houlsby", "pfeiffer", "spartan")
-_PLUGIN_PATHS = {"spartan": ("memory",), "houlsby": ("attn_adapter", "ff_adapter"),
-                 "pfeiffer": ("ff_adapter",), "head": (), "full": ()}
+# The methods that insert plug-ins into the backbone, and the learning rate of each method
+# (SPARTAN App. A: SPARTAN 1e-3, adapters 1e-4, full fine-tuning 2e-5).
+PLUG_IN_METHODS = ("houlsby", "pfeiffer", "spartan")
+LEARNING_RATES = {"spartan": 1e-3, "houlsby": 1e-4, "pfeiffer": 1e-4, "full": 2e-5, "head": 1e-3}
+
+_schema = dataclasses.dataclass(frozen=True, kw_only=True)
+
+
+@_schema
+class SpartanSettings(schema.Schema):
+  """`method.spartan`: the memory of every layer (SPARTAN App. A: N_p 16, N_c 3, top-K 8)."""
+
+  n_parents: schema.PositiveInt = 16
+  n_children: schema.PositiveInt = 3
+  top_k: schema.PositiveInt = 8
+  temperature: schema.PositiveFloat = 1.0
+  read: Literal[("auto", *READS)] = "auto"
+
+
+@_schema
+class AdapterSettings(schema.Schema):
+  """`method.adapter`: the bottleneck adapters (SPARTAN App. A: bottleneck 64)."""
+
+  bottleneck: schema.PositiveInt = 64
+  activation: Literal[tuple(ACTIVATIONS)] = "relu"
+
+
+@_schema
+class MethodConfig(schema.Schema):
+  """The `method` section. `train_layer_norms` (None: every method but `head`) follows the
+  SPARTAN reference, which trains the backbone's LayerNorms."""
+
+  kind: Literal[METHODS]
+  train_layer_norms: bool | None = None
+  head_dropout: schema.Probability = 0.1
+  spartan: SpartanSettings
+  adapter: AdapterSettings
+
+  @property
+  def trains_layer_norms(self) -> bool:
+    return self.kind != "head" if self.train_layer_norms is None else self.train_layer_norms
+
+  def memory_section(self) -> dict:
+    """The backbone's `model.memory` section this method sets."""
+    return ({"kind": "spartan", **self.spartan.to_dict()} if self.kind == "spartan"
+            else {"kind": "none"})
+
+  def adapters_section(self) -> dict:
+    """The backbone's `model.adapters` section this method sets."""
+    return ({"kind": self.kind, **self.adapter.to_dict()}
+            if self.kind in ADAPTERS_PER_LAYER else {"kind": "none"})
+
+  def check(self, path: str) -> None:
+    plugins.MemoryConfig.parse(self.memory_section(), f"{path}.spartan")
+
+
+def parse(method) -> MethodConfig:
+  """The typed `method` section (a ConfigDict, dict or `MethodConfig`)."""
+  return MethodConfig.parse(method, "method")
 
 
 def default_method_config(kind: str) -> ml_collections.ConfigDict:
-  """The `method` section with the paper's settings (App. A): N_p 16, N_c 3, top-K 8;
-  bottleneck 64; the reference's trainable LayerNorms."""
-  return ml_collections.ConfigDict({
-      "kind": kind, "train_layer_norms": kind != "head", "head_dropout": 0.1,
-      "spartan": {"n_parents": 16, "n_children": 3, "top_k": 8, "temperature": 1.0,
-                  "read": "auto"},
-      "adapter": {"bottleneck": 64, "activation": "relu"},
-  })
+  """The `method` section of `kind` with every default written out (for config files)."""
+  method = parse({"kind": kind})
+  return ml_collections.ConfigDict({**method.to_dict(),
+                                    "train_layer_norms": method.trains_layer_norms})
 
 
-def validate_method_config(method: ml_collections.ConfigDict) -> None:
-  validation.require_choice(method.get("kind"), "method.kind", METHODS)
-  validation.require(isinstance(method.get("train_layer_norms", False), bool),
-                     "method.train_layer_norms", "True or False",
-                     method.get("train_layer_norms"))
-
-
-def with_method(model_cfg: ml_collections.ConfigDict,
-                method: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """A copy of the backbone's `model` section with the plug-ins of `method.kind` set."""
-  validate_method_config(method)
-  cfg = copy.deepcopy(model_cfg)
-  with cfg.unlocked():
-    cfg.memory = ({"kind": "spartan", **method.spartan.to_dict()} if method.kind == "spartan"
-                  else {"kind": "none"})
-    cfg.adapters = ({"kind": method.kind, **method.adapter.to_dict()}
-                    if method.kind in ("houlsby", "pfeiffer") else {"kind": "none"})
+def with_method(model_cfg, method) -> ml_collections.ConfigDict:
+  """A copy of the backbone's `model` section (a ConfigDict or typed) with the plug-ins of
+  `method` set."""
+  method = parse(method)
+  cfg = ml_collections.ConfigDict(copy.deepcopy(model_cfg.to_dict()))
+  cfg.memory = method.memory_section()
+  cfg.adapters = method.adapters_section()
   return cfg
 
 
-def is_layer_norm(path, _) -> bool:
-  """An NNX filter: a LayerNorm's parameters (a path part ending in "norm")."""
-  return any(isinstance(part, str) and part.endswith("norm") for part in path)
-
-
-def trainable_filter(method: ml_collections.ConfigDict):
+def trainable_filter(method):
   """The NNX filter of the parameters that `method` trains (module docstring)."""
-  validate_method_config(method)
+  method = parse(method)
   if method.kind == "full":
     return nnx.Param
-  parts = [nnx.PathContains("head"), *map(nnx.PathContains, _PLUGIN_PATHS[method.kind])]
-  if method.get("train_layer_norms", False):
-    parts.append(is_layer_norm)
-  return nnx.All(nnx.Param, nnx.Any(*parts))
+  parts = [nnx.OfType(HeadParam)]
+  if method.kind in PLUG_IN_METHODS:
+    parts.append(nnx.OfType(PlugInParam))
+  if method.trains_layer_norms:
+    parts.append(nnx.OfType(LayerNormParam))
+  return nnx.Any(*parts)

@@ -22,28 +22,24 @@ import ml_collections
 from flax import nnx
 
 from sparse_jax.layers.adapters import ADAPTERS_PER_LAYER
+from sparse_jax.layers.param_types import LayerNormParam, PlugInParam
 from sparse_jax.models.classifier import SequenceClassifier
 from sparse_jax.finetune import methods
 
-PLUGIN_PATHS = ("memory", "attn_adapter", "ff_adapter")
 
 
 def abstract_classifier(model_cfg: ml_collections.ConfigDict,
                         method_cfg: ml_collections.ConfigDict,
                         num_classes: int) -> SequenceClassifier:
   """The classifier `method_cfg` fine-tunes, as shapes only (`nnx.eval_shape`)."""
-  cfg = methods.with_method(model_cfg, method_cfg)
+  method = methods.parse(method_cfg)
+  cfg = methods.with_method(model_cfg, method)
   return nnx.eval_shape(lambda: SequenceClassifier(
-      cfg, num_classes, head_dropout=method_cfg.get("head_dropout", 0.1), rngs=nnx.Rngs(0)))
+      cfg, num_classes, head_dropout=method.head_dropout, rngs=nnx.Rngs(0)))
 
 
 def _size(module: nnx.Module, variable_filter) -> int:
   return sum(leaf.size for leaf in jax.tree.leaves(nnx.state(module, variable_filter)))
-
-
-def _is_backbone_layer_norm(path, _) -> bool:
-  """The backbone's LayerNorms (`methods.is_layer_norm` under `backbone`)."""
-  return path[0] == "backbone" and methods.is_layer_norm(path, _)
 
 
 def app_e_params(model_cfg: ml_collections.ConfigDict, method_cfg: ml_collections.ConfigDict,
@@ -73,7 +69,7 @@ def storage_report(model_cfg: ml_collections.ConfigDict, method_cfg: ml_collecti
   """
   model = abstract_classifier(model_cfg, method_cfg, num_classes)
   model_params = _size(model, nnx.Param)
-  added = _size(model, nnx.All(nnx.Param, nnx.Any(*map(nnx.PathContains, PLUGIN_PATHS))))
+  added = _size(model, PlugInParam)
   head = _size(model.head, nnx.Param)
   backbone = model_params - added - head
   trainable = _size(model, methods.trainable_filter(method_cfg))
@@ -84,7 +80,7 @@ def storage_report(model_cfg: ml_collections.ConfigDict, method_cfg: ml_collecti
       "method": method_cfg.kind, "num_classes": num_classes, "n_tasks": n_tasks,
       "bytes_per_param": bytes_per_param, "model_params": model_params,
       "backbone_params": backbone, "added_params": added, "head_params": head,
-      "layer_norm_params": _size(model, nnx.All(nnx.Param, _is_backbone_layer_norm)),
+      "layer_norm_params": _size(model, LayerNormParam),
       "trainable_params": trainable, "trainable_fraction": trainable / model_params,
       "bytes_per_task": trainable * bytes_per_param,
       "storage_params": storage, "storage_bytes": storage * bytes_per_param,

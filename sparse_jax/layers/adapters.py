@@ -17,6 +17,7 @@ from flax import nnx
 
 from sparse_jax import validation
 from sparse_jax.layers.dense_ff import ACTIVATIONS
+from sparse_jax.layers.param_types import PlugInParam
 
 ADAPTERS_PER_LAYER = {"houlsby": 2, "pfeiffer": 1}
 
@@ -41,12 +42,13 @@ class BottleneckAdapter(nnx.Module):
     validation.require_positive_int(bottleneck, "bottleneck")
     validation.require_choice(activation, "activation", ACTIVATIONS)
     self.d_model, self.bottleneck, self.activation = d_model, bottleneck, activation
-    self.w_down = nnx.Param(_truncated_normal(rngs.params(), (d_model, bottleneck), init_std))
-    self.b_down = nnx.Param(jnp.zeros((bottleneck,)))
+    self.w_down = PlugInParam(_truncated_normal(rngs.params(), (d_model, bottleneck), init_std),
+                            logical_axes=("embed", "mlp"))
+    self.b_down = PlugInParam(jnp.zeros((bottleneck,)), logical_axes=("mlp",))
     w_up = (jnp.zeros((bottleneck, d_model)) if zero_init_up
             else _truncated_normal(rngs.params(), (bottleneck, d_model), init_std))
-    self.w_up = nnx.Param(w_up)
-    self.b_up = nnx.Param(jnp.zeros((d_model,)))
+    self.w_up = PlugInParam(w_up, logical_axes=("mlp", "embed"))
+    self.b_up = PlugInParam(jnp.zeros((d_model,)), logical_axes=("embed",))
 
   def __call__(self, x_btd: jax.Array) -> jax.Array:
     dtype = x_btd.dtype

@@ -14,9 +14,15 @@ from flax import nnx
 from sparse_jax.layers.causal_attention import attend
 
 
-def normal_linear(d_in: int, d_out: int, std: float, rngs: nnx.Rngs) -> nnx.Linear:
-  """A biased `nnx.Linear` with `N(0, std^2)` weights and zero bias (BERT's init)."""
-  return nnx.Linear(d_in, d_out, kernel_init=jax.nn.initializers.normal(std), rngs=rngs)
+def normal_linear(d_in: int, d_out: int, std: float, rngs: nnx.Rngs, *,
+                  axes: tuple[str, str]) -> nnx.Linear:
+  """A biased `nnx.Linear` with `N(0, std^2)` weights and zero bias (BERT's init).
+
+  `axes` are the logical axes of its input and output (`sparse_jax.parallel`).
+  """
+  return nnx.Linear(d_in, d_out, kernel_init=jax.nn.initializers.normal(std),
+                    kernel_metadata={"logical_axes": axes},
+                    bias_metadata={"logical_axes": axes[1:]}, rngs=rngs)
 
 
 class BidirectionalSelfAttention(nnx.Module):
@@ -25,10 +31,12 @@ class BidirectionalSelfAttention(nnx.Module):
   def __init__(self, d_model: int, n_heads: int, *, attn_dropout: float = 0.0,
                init_std: float = 0.02, rngs: nnx.Rngs):
     self.n_heads, self.head_dim = n_heads, d_model // n_heads
-    self.query = normal_linear(d_model, d_model, init_std, rngs)
-    self.key = normal_linear(d_model, d_model, init_std, rngs)
-    self.value = normal_linear(d_model, d_model, init_std, rngs)
-    self.out = normal_linear(d_model, d_model, init_std, rngs)
+    # Heads and their channels share one flattened `heads` dimension.
+    in_axes, out_axes = ("embed", "heads"), ("heads", "embed")
+    self.query = normal_linear(d_model, d_model, init_std, rngs, axes=in_axes)
+    self.key = normal_linear(d_model, d_model, init_std, rngs, axes=in_axes)
+    self.value = normal_linear(d_model, d_model, init_std, rngs, axes=in_axes)
+    self.out = normal_linear(d_model, d_model, init_std, rngs, axes=out_axes)
     self.dropout = nnx.Dropout(attn_dropout, rngs=rngs)
 
   def _heads(self, x_btd: jax.Array) -> jax.Array:

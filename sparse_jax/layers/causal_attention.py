@@ -74,12 +74,8 @@ class CausalSelfAttention(nnx.Module):
                attn_dropout: float = 0.0, rotary: bool = True, rngs: nnx.Rngs):
     check_rotary_dim(rotary, head_dim)
     self.d_model, self.n_heads, self.head_dim, self.rotary = d_model, n_heads, head_dim, rotary
-    in_init = initializers.normal(initializers.depth_scaled_std(d_model, n_layers))
-    out_init = initializers.normal(initializers.depth_scaled_std(n_heads * head_dim, n_layers))
-    self.w_q = nnx.Param(in_init(rngs.params(), (d_model, n_heads, head_dim)))
-    self.w_k = nnx.Param(in_init(rngs.params(), (d_model, n_heads, head_dim)))
-    self.w_v = nnx.Param(in_init(rngs.params(), (d_model, n_heads, head_dim)))
-    self.w_o = nnx.Param(out_init(rngs.params(), (n_heads, head_dim, d_model)))
+    self.w_q, self.w_k, self.w_v, self.w_o = initializers.head_projections(
+        d_model, n_heads, head_dim, n_layers=n_layers, n_inputs=3, rngs=rngs)
     self.attn_dropout = nnx.Dropout(attn_dropout, rngs=rngs)
 
   def project_qkv(self, x_btd: jax.Array, positions_t: jax.Array):

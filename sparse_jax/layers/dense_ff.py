@@ -5,13 +5,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sparse_jax.layers import initializers
+from sparse_jax.layers.feed_forward import FeedForward
 
 
 ACTIVATIONS = {"relu": jax.nn.relu,
                "gelu": lambda h: jax.nn.gelu(h, approximate=False)}  # BERT/RoBERTa's (erf).
 
 
-class DenseFF(nnx.Module):
+class DenseFF(FeedForward):
   """`y = act(x W1 + b1) W2 + b2` (sigma-MoE paper Eq. 1), FF contract: `y, aux = ff(x)`.
 
   `activation` is "relu" (the sigma-MoE baseline) or "gelu" (exact, as in RoBERTa).
@@ -24,10 +25,12 @@ class DenseFF(nnx.Module):
     self.d_model, self.d_ff, self.activation_name = d_model, d_ff, activation
     std_up = initializers.depth_scaled_std(d_model, n_layers)
     std_down = initializers.depth_scaled_std(d_ff, n_layers)
-    self.w_up = nnx.Param(initializers.normal(std_up)(rngs.params(), (d_model, d_ff)))
-    self.b_up = nnx.Param(jnp.zeros((d_ff,)))
-    self.w_down = nnx.Param(initializers.normal(std_down)(rngs.params(), (d_ff, d_model)))
-    self.b_down = nnx.Param(jnp.zeros((d_model,)))
+    self.w_up = nnx.Param(initializers.normal(std_up)(rngs.params(), (d_model, d_ff)),
+                          logical_axes=("embed", "mlp"))
+    self.b_up = nnx.Param(jnp.zeros((d_ff,)), logical_axes=("mlp",))
+    self.w_down = nnx.Param(initializers.normal(std_down)(rngs.params(), (d_ff, d_model)),
+                            logical_axes=("mlp", "embed"))
+    self.b_down = nnx.Param(jnp.zeros((d_model,)), logical_axes=("embed",))
     self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
   def activation(self, pre_btf: jax.Array) -> jax.Array:

@@ -117,7 +117,8 @@ def apply_experts(x_nd: jax.Array, sel_nk: jax.Array, gates_nk: jax.Array,
   Uses the ambient mesh (`jax.set_mesh`): with an `expert` axis of size > 1 the tokens are
   split over the batch axes, the experts over `expert`, and slots travel by `all_to_all`;
   otherwise (no mesh, or `expert` of size 1) everything runs locally. `dropout_key=None`
-  disables hidden dropout; under a mesh each device folds its position into the key.
+  disables hidden dropout; under a mesh each device folds its position into the key. The
+  splits are `sparse_jax.parallel`'s for the logical axes `batch` and `experts`.
   """
   mesh = jax.sharding.get_abstract_mesh()
   n_ep = parallel.axis_size(mesh, parallel.EXPERT)
@@ -125,8 +126,10 @@ def apply_experts(x_nd: jax.Array, sel_nk: jax.Array, gates_nk: jax.Array,
     return _local_experts(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, impl=impl,
                           rate=dropout_rate, key=dropout_key)
   check_expert_mesh(mesh, w_up_edg.shape[0], x_nd.shape[0])
-  token_axes = tuple(a for a in parallel.BATCH_AXES if a in mesh.axis_names)
-  tokens, experts = P(token_axes), P(parallel.EXPERT, None, None)
+  token_axes = parallel.mesh_axes("batch", mesh)
+  tokens = parallel.partition_spec(("batch", None), mesh=mesh)  # `[N, ...]` token rows
+  # Inside the map a device holds whole experts: of `[E, M, L]` only `experts` is split.
+  experts = parallel.partition_spec(("experts", None, None), mesh=mesh)
   body = functools.partial(_expert_parallel_body, n_ep=n_ep, impl=impl, rate=dropout_rate,
                            token_axes=token_axes)
   keys = () if dropout_key is None else (dropout_key,)

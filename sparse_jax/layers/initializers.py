@@ -4,6 +4,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 
 def depth_scaled_std(fan_in: int, n_layers: int) -> float:
@@ -18,3 +19,17 @@ def normal(std: float):
     return std * jax.random.normal(key, shape, dtype)
 
   return init
+
+
+def head_projections(d_model: int, n_heads: int, head_dim: int, *, n_layers: int,
+                     n_inputs: int, rngs: nnx.Rngs) -> tuple[nnx.Param, ...]:
+  """An attention layer's `n_inputs` projections into heads, `[d_model, H, Dh]` each (Q, K,
+  V, ...), then its output projection `[H, Dh, d_model]`, drawn in that order with the
+  depth-scaled init of their fan-in, each declaring its logical axes."""
+  in_init = normal(depth_scaled_std(d_model, n_layers))
+  out_init = normal(depth_scaled_std(n_heads * head_dim, n_layers))
+  inputs = [nnx.Param(in_init(rngs.params(), (d_model, n_heads, head_dim)),
+                      logical_axes=("embed", "heads", "head_dim")) for _ in range(n_inputs)]
+  out = nnx.Param(out_init(rngs.params(), (n_heads, head_dim, d_model)),
+                  logical_axes=("heads", "head_dim", "embed"))
+  return (*inputs, out)

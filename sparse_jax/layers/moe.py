@@ -19,8 +19,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sparse_jax.layers import expert_parallel, initializers
+from sparse_jax.layers.feed_forward import FeedForward
 from sparse_jax.layers.routers import SigmaRouter
-from sparse_jax.layers.routers.routing import usage_counts
+from sparse_jax.layers.routers.routing import Router, usage_counts
 
 EXPERT_INITS = ("sigma", "standard", "switch")
 
@@ -40,7 +41,7 @@ def expert_stds(init: str, d_model: int, n_experts: int, expert_size: int,
           initializers.depth_scaled_std(down_fan_in, n_layers))
 
 
-class MoE(nnx.Module):
+class MoE(FeedForward):
   """Experts `w_up [E, d_model, G]`, `w_down [E, G, d_model]` and a router; no biases.
 
   FF contract: `y, aux = moe(x)` with `x, y: [..., d_model]`; `aux["reg_loss"]` is the
@@ -49,7 +50,7 @@ class MoE(nnx.Module):
   drop out with probability `expert_hidden_dropout`, drawn from a fork of the `dropout` stream.
   """
 
-  def __init__(self, d_model: int, n_experts: int, expert_size: int, router: nnx.Module, *,
+  def __init__(self, d_model: int, n_experts: int, expert_size: int, router: Router, *,
                n_layers: int, init: str = "sigma", expert_hidden_dropout: float = 0.0,
                impl: str = "auto", rngs: nnx.Rngs):
     if init not in EXPERT_INITS:
@@ -58,9 +59,11 @@ class MoE(nnx.Module):
     self.impl = impl
     std_up, std_down = expert_stds(init, d_model, n_experts, expert_size, n_layers)
     self.w_up = nnx.Param(initializers.normal(std_up)(rngs.params(),
-                                                      (n_experts, d_model, expert_size)))
+                                                      (n_experts, d_model, expert_size)),
+                          logical_axes=("experts", "embed", "mlp"))
     self.w_down = nnx.Param(initializers.normal(std_down)(rngs.params(),
-                                                          (n_experts, expert_size, d_model)))
+                                                          (n_experts, expert_size, d_model)),
+                            logical_axes=("experts", "mlp", "embed"))
     self.router = router
     self.expert_hidden_dropout = expert_hidden_dropout
     self.deterministic = False
@@ -80,9 +83,8 @@ class MoE(nnx.Module):
     return y_nd.reshape(x.shape), aux
 
   def flops_per_token(self) -> int:
-    """Multiply-adds: the selector (`d_model * E`, twice with a noise net) and k experts."""
-    selector = self.d_model * self.n_experts * (2 if hasattr(self.router, "w_noise") else 1)
-    return selector + self.router.k * 2 * self.d_model * self.expert_size
+    """Multiply-adds: the router's (`Router.flops_per_token`) and k experts'."""
+    return self.router.flops_per_token() + self.router.k * 2 * self.d_model * self.expert_size
 
 
 class SigmaMoE(MoE):

@@ -12,17 +12,23 @@ class MultiplicativeDense(nnx.Module):
 
   `d_in * (S + M)` parameters instead of `d_in * d_out`, yet any permutation of the input
   into the `S x M` output grid is representable (the paper's Theorem 1).
+
+  `out_axes` are the logical axes of S and M (`sparse_jax.parallel`): heads and their
+  channels in the sparse QKV layer, the vocabulary's two factors in the output layer.
   """
 
-  def __init__(self, d_in: int, d_out: int, n_modules: int, *, rngs: nnx.Rngs):
+  def __init__(self, d_in: int, d_out: int, n_modules: int, *,
+               out_axes: tuple[str, str] = ("heads", "head_dim"), rngs: nnx.Rngs):
     if d_out % n_modules:
       raise ValueError(f"d_out={d_out} must be divisible by n_modules={n_modules}.")
     self.d_in, self.d_out, self.n_modules = d_in, d_out, n_modules
     module_size = d_out // n_modules
     # var(y) = d_in var(D) var(E) var(x): unit-variance D, E at 1/d_in keeps the scale.
-    self.d_is = nnx.Param(initializers.normal(1.0)(rngs.params(), (d_in, n_modules)))
+    self.d_is = nnx.Param(initializers.normal(1.0)(rngs.params(), (d_in, n_modules)),
+                          logical_axes=("embed", out_axes[0]))
     self.e_im = nnx.Param(initializers.normal(d_in ** -0.5)(rngs.params(),
-                                                             (d_in, module_size)))
+                                                             (d_in, module_size)),
+                          logical_axes=("embed", out_axes[1]))
 
   def __call__(self, x: jax.Array) -> jax.Array:
     dtype = x.dtype

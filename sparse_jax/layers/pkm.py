@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sparse_jax.layers import initializers
+from sparse_jax.layers.feed_forward import FeedForward
 
 ACTIVATIONS = ("relu", "softmax")
 INITS = ("lample", "dense")
@@ -61,7 +62,7 @@ def use_dense_read(n_values: int, n_heads: int, knn: int) -> bool:
   return n_values <= DENSE_READ_MAX_RATIO * n_heads * knn
 
 
-class PKM(nnx.Module):
+class PKM(FeedForward):
   """`y = sum_{heads, knn} act(score) * values[id]`; FF contract `y, aux = pkm(x)`.
 
   `activation="relu"` is the paper's non-competitive choice; `"softmax"` is Lample's, taken
@@ -91,8 +92,9 @@ class PKM(nnx.Module):
       bound = half ** -0.5
       keys = jax.random.uniform(rngs.params(), key_shape, minval=-bound, maxval=bound)
       value_std = d_model ** -0.5
-    self.sub_keys = nnx.Param(keys)
-    self.values = nnx.Param(initializers.normal(value_std)(rngs.params(), (n_values, d_model)))
+    self.sub_keys = nnx.Param(keys, logical_axes=("heads", "key_half", "memory", "embed"))
+    self.values = nnx.Param(initializers.normal(value_std)(rngs.params(), (n_values, d_model)),
+                            logical_axes=("memory", "embed"))
 
   def __call__(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
     dtype = x.dtype

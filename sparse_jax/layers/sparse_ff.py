@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sparse_jax.layers import initializers
+from sparse_jax.layers.feed_forward import FeedForward
 
 
 def straight_through(hard: jax.Array, soft: jax.Array) -> jax.Array:
@@ -23,8 +24,10 @@ def straight_through(hard: jax.Array, soft: jax.Array) -> jax.Array:
   return hard + soft - jax.lax.stop_gradient(soft)
 
 
-class SparseFF(nnx.Module):
+class SparseFF(FeedForward):
   """FF contract `y, aux = ff(x)`; `decode(x)` is the sparse inference path."""
+
+  has_sparse_decode = True
 
   def __init__(self, d_model: int, d_ff: int, block_size: int, d_lowrank: int, *,
                n_layers: int = 1, temperature: float = 0.1, quant_prob: float = 0.3,
@@ -37,15 +40,19 @@ class SparseFF(nnx.Module):
     down = initializers.normal(initializers.depth_scaled_std(d_ff, n_layers))
     # W1 is stored transposed, one row per hidden unit, so that decoding gathers whole
     # contiguous rows of both matrices.
-    self.w_keys = nnx.Param(up(rngs.params(), (d_ff, d_model)))  # W1^T
-    self.b_up = nnx.Param(jnp.zeros((d_ff,)))
-    self.w_values = nnx.Param(down(rngs.params(), (d_ff, d_model)))  # W2
-    self.b_down = nnx.Param(jnp.zeros((d_model,)))
+    self.w_keys = nnx.Param(up(rngs.params(), (d_ff, d_model)),  # W1^T
+                            logical_axes=("mlp", "embed"))
+    self.b_up = nnx.Param(jnp.zeros((d_ff,)), logical_axes=("mlp",))
+    self.w_values = nnx.Param(down(rngs.params(), (d_ff, d_model)),  # W2
+                              logical_axes=("mlp", "embed"))
+    self.b_down = nnx.Param(jnp.zeros((d_model,)), logical_axes=("embed",))
     self.c_down = nnx.Param(initializers.normal(d_model ** -0.5)(rngs.params(),
-                                                                 (d_model, d_lowrank)))
+                                                                 (d_model, d_lowrank)),
+                            logical_axes=("embed", "lowrank"))
     self.c_up = nnx.Param(initializers.normal(d_lowrank ** -0.5)(rngs.params(),
-                                                                 (d_lowrank, d_ff)))
-    self.c_bias = nnx.Param(jnp.zeros((d_ff,)))
+                                                                 (d_lowrank, d_ff)),
+                          logical_axes=("lowrank", "mlp"))
+    self.c_bias = nnx.Param(jnp.zeros((d_ff,)), logical_axes=("mlp",))
     self.deterministic = False
     self.rngs = rngs["routing"].fork()
 

@@ -40,8 +40,9 @@ class CausalModuleConv(nnx.Module):
     self.f_len, self.f_mod = kernel
     std = initializers.depth_scaled_std(self.f_len * self.f_mod * module_size, n_layers)
     self.kernel = nnx.Param(initializers.normal(std)(
-        rngs.params(), (self.f_len, self.f_mod, module_size, module_size)))
-    self.bias = nnx.Param(jnp.zeros((module_size,)))
+        rngs.params(), (self.f_len, self.f_mod, module_size, module_size)),
+        logical_axes=("conv", "conv", "head_dim", "head_dim"))
+    self.bias = nnx.Param(jnp.zeros((module_size,)), logical_axes=("head_dim",))
 
   def convolve_window(self, y_bwsm: jax.Array) -> jax.Array:
     """Unpadded along the length: `W` input rows give outputs for the last `W - F_len + 1`.

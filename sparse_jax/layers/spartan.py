@@ -16,6 +16,8 @@ from flax import nnx
 
 from sparse_jax import validation
 from sparse_jax.layers import initializers
+from sparse_jax.layers.feed_forward import FeedForward
+from sparse_jax.layers.param_types import PlugInParam
 
 REFERENCE_TEMPERATURE = 1.6  # princeton-nlp/SPARTAN divides child logits by this; Eq. 2 has none.
 
@@ -157,7 +159,7 @@ def spartan_params(d_model: int, n_parents: int, n_children: int, n_layers: int 
   return (n_parents + 2 * n_parents * n_children) * d_model * n_layers
 
 
-class SpartanMemory(nnx.Module):
+class SpartanMemory(FeedForward):
   """The SPARTAN memory as a block: `y, aux = memory(x)`, `y = x + v_O` (Eq. 1-3).
 
   Parameters, parent axis first so the chosen parents' children are one take:
@@ -194,9 +196,13 @@ class SpartanMemory(nnx.Module):
     self.top_k, self.temperature = top_k, float(temperature)
     self.read = choose_read(n_parents, top_k) if read == "auto" else read
     init = initializers.normal(init_std)
-    self.parents = nnx.Param(init(rngs.params(), (n_parents, d_model)))
-    self.child_keys = nnx.Param(init(rngs.params(), (n_parents, n_children, d_model)))
-    self.child_values = nnx.Param(init(rngs.params(), (n_parents, n_children, d_model)))
+    children_axes = ("memory", "memory", "embed")  # parent, child within it, width
+    self.parents = PlugInParam(init(rngs.params(), (n_parents, d_model)),
+                             logical_axes=("memory", "embed"))
+    self.child_keys = PlugInParam(init(rngs.params(), (n_parents, n_children, d_model)),
+                                logical_axes=children_axes)
+    self.child_values = PlugInParam(init(rngs.params(), (n_parents, n_children, d_model)),
+                                  logical_axes=children_axes)
 
   def __call__(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
     y_nd, ids_nk = spartan_memory(

@@ -56,15 +56,11 @@ class RelativeMultiHeadAttention(nnx.Module):
   def __init__(self, d_model: int, n_heads: int, head_dim: int, *, n_layers: int,
                attn_dropout: float = 0.0, rngs: nnx.Rngs):
     self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
-    in_init = initializers.normal(initializers.depth_scaled_std(d_model, n_layers))
-    out_init = initializers.normal(initializers.depth_scaled_std(n_heads * head_dim, n_layers))
-    self.w_q = nnx.Param(in_init(rngs.params(), (d_model, n_heads, head_dim)))
-    self.w_k = nnx.Param(in_init(rngs.params(), (d_model, n_heads, head_dim)))
-    self.w_v = nnx.Param(in_init(rngs.params(), (d_model, n_heads, head_dim)))
-    self.w_r = nnx.Param(in_init(rngs.params(), (d_model, n_heads, head_dim)))
-    self.u_bias = nnx.Param(jnp.zeros((n_heads, head_dim)))
-    self.v_bias = nnx.Param(jnp.zeros((n_heads, head_dim)))
-    self.w_o = nnx.Param(out_init(rngs.params(), (n_heads, head_dim, d_model)))
+    # Q, K, V and the relative-position projection R, then the output.
+    self.w_q, self.w_k, self.w_v, self.w_r, self.w_o = initializers.head_projections(
+        d_model, n_heads, head_dim, n_layers=n_layers, n_inputs=4, rngs=rngs)
+    self.u_bias = nnx.Param(jnp.zeros((n_heads, head_dim)), logical_axes=("heads", "head_dim"))
+    self.v_bias = nnx.Param(jnp.zeros((n_heads, head_dim)), logical_axes=("heads", "head_dim"))
     self.attn_dropout = nnx.Dropout(attn_dropout, rngs=rngs)
 
   def __call__(self, ctx_bkd: jax.Array, n_queries: int, mem_valid: jax.Array) -> jax.Array:

@@ -5,20 +5,22 @@ allocates nothing.
 """
 
 import copy
+import dataclasses
 
 import ml_collections
 from flax import nnx
 
 from sparse_jax.layers.counting import count_params
-from sparse_jax.layers.registry import build_ff
+from sparse_jax.layers.registry import build_ff, parse_ff
 from sparse_jax.models.blocks import build_attention
-from sparse_jax.models.lm import TransformerLM
+from sparse_jax.models.lm import ModelConfig, TransformerLM, validate_model_config
 
 
-def ff_layer_stats(model_cfg: ml_collections.ConfigDict) -> dict[str, int]:
+def ff_layer_stats(model_cfg: ml_collections.ConfigDict | ModelConfig) -> dict[str, int]:
   """Parameters and multiply-adds per token of one FF layer of `model_cfg`."""
-  ff = nnx.eval_shape(lambda: build_ff(model_cfg.ff, d_model=model_cfg.d_model,
-                                       n_layers=model_cfg.n_layers, rngs=nnx.Rngs(0)))
+  cfg = ModelConfig.parse(model_cfg, "model")
+  ff = nnx.eval_shape(lambda: build_ff(cfg.ff, d_model=cfg.d_model, n_layers=cfg.n_layers,
+                                       rngs=nnx.Rngs(0)))
   return {"params": count_params(ff), "flops_per_token": ff.flops_per_token()}
 
 
@@ -33,11 +35,13 @@ def matched_dense_d_ff(model_cfg: ml_collections.ConfigDict) -> int:
 
 
 def matched_dense_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """A copy of an experiment config with its FF replaced by the parameter-matched dense one."""
+  """A copy of an experiment config with its FF replaced by the parameter-matched dense one
+  (keeping the FF's dropout, for the kinds that have one)."""
   dense = copy.deepcopy(config)
   dense.model.ff = ml_collections.ConfigDict(
-      {"kind": "dense", "d_ff": matched_dense_d_ff(config.model),
-       "dropout": config.model.ff.get("dropout", 0.0)})
+      {"kind": "dense", "d_ff": matched_dense_d_ff(config.model)})
+  if "dropout" in config.model.ff:
+    dense.model.ff.dropout = config.model.ff.dropout
   return dense
 
 
@@ -55,7 +59,8 @@ def model_report(model_cfg: ml_collections.ConfigDict) -> dict[str, float]:
 
 def attention_params(model_cfg: ml_collections.ConfigDict) -> int:
   """Parameters of one attention layer of `model_cfg` (its `model.attention` kind)."""
-  return count_params(nnx.eval_shape(lambda: build_attention(model_cfg, nnx.Rngs(0))))
+  cfg = validate_model_config(model_cfg)
+  return count_params(nnx.eval_shape(lambda: build_attention(cfg, nnx.Rngs(0))))
 
 
 def match_block_params(model_cfg: ml_collections.ConfigDict, target: int,
@@ -64,13 +69,13 @@ def match_block_params(model_cfg: ml_collections.ConfigDict, target: int,
   block do not exceed `target`: how the Scaling Transformers keep the parameter count when
   their sparse QKV frees attention parameters (Sec. 3.2)."""
   budget = target - attention_params(model_cfg)
+  cfg = validate_model_config(model_cfg)
 
   def ff_params(d_ff: int) -> int:
-    cfg = copy.deepcopy(model_cfg)
-    cfg.ff.d_ff = d_ff
-    return ff_layer_stats(cfg)["params"]
+    ff = parse_ff({**cfg.ff.to_dict(), "d_ff": d_ff})
+    return ff_layer_stats(dataclasses.replace(cfg, ff=ff))["params"]
 
-  lo, hi = 1, max(1, budget // max(1, model_cfg.d_model) // step)
+  lo, hi = 1, max(1, budget // cfg.d_model // step)
   while lo < hi:
     mid = (lo + hi + 1) // 2
     lo, hi = (mid, hi) if ff_params(mid * step) <= budget else (lo, mid - 1)

@@ -11,34 +11,38 @@ block's output (`model.memory`, see `sparse_jax.models.plugins`). The attention 
   output layer (Sec. 3.2).
 """
 
+from typing import TYPE_CHECKING
+
 import jax
 import jax.numpy as jnp
-import ml_collections
 from flax import nnx
 
 from sparse_jax.layers.causal_attention import CausalSelfAttention
+from sparse_jax.layers.normalization import layer_norm
 from sparse_jax.layers.registry import build_ff
 from sparse_jax.layers.sparse_qkv_attention import SparseQKVAttention
 from sparse_jax.layers.xl_attention import RelativeMultiHeadAttention
 from sparse_jax.models import plugins
 
+if TYPE_CHECKING:  # lm.py imports this module; blocks take its parsed `LMConfig`.
+  from sparse_jax.models.lm import LMConfig
+
 ATTENTION_KINDS = ("xl", "causal", "sparse_qkv")
 POSITIONS = ("rotary", "sinusoidal")
 
 
-def head_dim_of(cfg: ml_collections.ConfigDict) -> int:
-  """`model.head_dim`, defaulting to `d_model // n_heads`."""
-  return cfg.get("head_dim") or cfg.d_model // cfg.n_heads
+def head_dim_of(cfg: "LMConfig") -> int:
+  """`model.head_dim`, or `d_model // n_heads` when it is None."""
+  return cfg.head_dim or cfg.d_model // cfg.n_heads
 
 
-def build_attention(cfg: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
-  kind = cfg.get("attention", "xl")
-  dropout = cfg.get("attn_dropout", 0.0)
-  rotary = cfg.get("positions", "rotary") == "rotary"
-  if kind == "xl":
+def build_attention(cfg: "LMConfig", rngs: nnx.Rngs) -> nnx.Module:
+  """The attention layer of `model.attention`."""
+  dropout, rotary = cfg.attn_dropout, cfg.positions == "rotary"
+  if cfg.attention == "xl":
     return RelativeMultiHeadAttention(cfg.d_model, cfg.n_heads, head_dim_of(cfg),
                                       n_layers=cfg.n_layers, attn_dropout=dropout, rngs=rngs)
-  if kind == "causal":
+  if cfg.attention == "causal":
     return CausalSelfAttention(cfg.d_model, cfg.n_heads, head_dim_of(cfg),
                                n_layers=cfg.n_layers, attn_dropout=dropout, rotary=rotary,
                                rngs=rngs)
@@ -49,20 +53,20 @@ def build_attention(cfg: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Modul
 class DecoderBlock(nnx.Module):
   """One pre-LN block: the attention of `model.attention`, the FF slot, the memory slot."""
 
-  def __init__(self, cfg: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: "LMConfig", *, rngs: nnx.Rngs):
     d = cfg.d_model
-    self.is_xl = cfg.get("attention", "xl") == "xl"
-    self.attn_norm = nnx.LayerNorm(d, rngs=rngs)
+    self.is_xl = cfg.attention == "xl"
+    self.attn_norm = layer_norm(d, rngs=rngs)
     self.attn = build_attention(cfg, rngs)
-    self.ff_norm = nnx.LayerNorm(d, rngs=rngs)
+    self.ff_norm = layer_norm(d, rngs=rngs)
     self.ff = build_ff(cfg.ff, d_model=d, n_layers=cfg.n_layers, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
-    self.memory = plugins.build_memory(cfg, rngs)
+    self.memory = plugins.build_memory(cfg.memory, d, rngs)
 
   def _feed_forward(self, h_btd, *, decoding: bool):
     """The FF sublayer, then the memory; when decoding, the FF's sparse `decode` path if any."""
     x_btd = self.ff_norm(h_btd)
-    if decoding and hasattr(self.ff, "decode"):
+    if decoding and self.ff.has_sparse_decode:
       y_btd, aux = self.ff.decode(x_btd), {"reg_loss": jnp.zeros((), jnp.float32)}
     else:
       y_btd, aux = self.ff(x_btd)

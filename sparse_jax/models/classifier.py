@@ -1,8 +1,8 @@
 """`SequenceClassifier`: a backbone plus RoBERTa's classification head, for fine-tuning.
 
 The backbone is an `Encoder` (`model.kind = "encoder"`: RoBERTa) or a `TransformerLM`
-(any other kind: e.g. a byte LM pretrained with `train.py`); both take the SPARTAN memory
-plug-in (`model.memory`), the encoder also adapters (`model.adapters`).
+(`model.kind = "lm"`, the default: e.g. a byte LM pretrained with `train.py`); both take the
+SPARTAN memory plug-in (`model.memory`), the encoder also adapters (`model.adapters`).
 `logits_bc, aux = classifier(tokens_bt, lengths_b)`; `num_classes = 1` is regression (STS-B).
 
 The head is RoBERTa's `RobertaClassificationHead` (no pooler): a pooled hidden state `x`,
@@ -19,25 +19,27 @@ from flax import nnx
 
 from sparse_jax import validation
 from sparse_jax.layers.bidirectional_attention import normal_linear
-from sparse_jax.models.encoder import Encoder
-from sparse_jax.models.lm import TransformerLM
+from sparse_jax.layers.param_types import HeadParam, retype_params
+from sparse_jax.models.encoder import Encoder, EncoderConfig
+from sparse_jax.models.lm import ModelConfig, TransformerLM
 
 
-def is_encoder(model_cfg: ml_collections.ConfigDict) -> bool:
-  return model_cfg.get("kind", "lm") == "encoder"
-
-
-def build_backbone(model_cfg: ml_collections.ConfigDict, rngs: nnx.Rngs):
-  return Encoder(model_cfg, rngs=rngs) if is_encoder(model_cfg) else TransformerLM(
-      model_cfg, rngs=rngs)
+def build_backbone(model_cfg: ml_collections.ConfigDict | ModelConfig, rngs: nnx.Rngs):
+  """The `Encoder` or `TransformerLM` of the `model` section (by `model.kind`)."""
+  cfg = ModelConfig.parse(model_cfg, "model")
+  if isinstance(cfg, EncoderConfig):
+    return Encoder(cfg, rngs=rngs)
+  return TransformerLM(cfg, rngs=rngs)
 
 
 class ClassificationHead(nnx.Module):
   """RoBERTa's head on pooled states `[B, d]` -> logits `[B, C]` (module docstring)."""
 
   def __init__(self, d_model: int, num_classes: int, *, dropout: float, rngs: nnx.Rngs):
-    self.dense = normal_linear(d_model, d_model, 0.02, rngs)
-    self.out_proj = normal_linear(d_model, num_classes, 0.02, rngs)
+    self.dense = retype_params(normal_linear(d_model, d_model, 0.02, rngs,
+                                             axes=("embed", "mlp")), HeadParam)
+    self.out_proj = retype_params(normal_linear(d_model, num_classes, 0.02, rngs,
+                                                axes=("mlp", "classes")), HeadParam)
     self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
   def __call__(self, x_bd: jax.Array) -> jax.Array:
@@ -48,14 +50,14 @@ class ClassificationHead(nnx.Module):
 class SequenceClassifier(nnx.Module):
   """Backbone (`self.backbone`) and task head (`self.head`); see the module docstring."""
 
-  def __init__(self, model_cfg: ml_collections.ConfigDict, num_classes: int, *,
+  def __init__(self, model_cfg: ml_collections.ConfigDict | ModelConfig, num_classes: int, *,
                head_dropout: float = 0.1, rngs: nnx.Rngs):
     validation.require_positive_int(num_classes, "num_classes")
     validation.require_probability(head_dropout, "method.head_dropout")
-    self.pool_first = is_encoder(model_cfg)
-    self.backbone = build_backbone(model_cfg, rngs)
-    self.head = ClassificationHead(model_cfg.d_model, num_classes, dropout=head_dropout,
-                                   rngs=rngs)
+    cfg = ModelConfig.parse(model_cfg, "model")
+    self.pool_first = isinstance(cfg, EncoderConfig)
+    self.backbone = build_backbone(cfg, rngs)
+    self.head = ClassificationHead(cfg.d_model, num_classes, dropout=head_dropout, rngs=rngs)
 
   def __call__(self, tokens_bt: jax.Array, lengths_b: jax.Array):
     if self.pool_first:

@@ -15,40 +15,42 @@ holds `max_positions - pad_id - 1` tokens. The FF slot is any kind of the FF reg
 layers' regularisers and `aux["layer{i}/..."]` holds their diagnostics.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from sparse_jax import validation
+from sparse_jax import schema, validation
 from sparse_jax.layers.bidirectional_attention import BidirectionalSelfAttention
+from sparse_jax.layers.normalization import layer_norm
 from sparse_jax.layers.registry import build_ff
 from sparse_jax.models import plugins
+from sparse_jax.models.lm import ModelConfig
 
 
-def validate_encoder_config(cfg: ml_collections.ConfigDict) -> None:
-  """Checks an encoder `model` section (FF and plug-in fields are checked by their builders)."""
-  for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_positions",
-               "type_vocab_size"):
-    validation.require_positive_int(cfg.get(name), f"model.{name}")
-  validation.require(cfg.d_model % cfg.n_heads == 0, "model.d_model",
-                     f"divisible by model.n_heads={cfg.n_heads}", cfg.d_model)
-  pad_id = cfg.get("pad_id")
-  validation.require(isinstance(pad_id, int) and 0 <= pad_id < cfg.vocab_size, "model.pad_id",
-                     f"a token id in [0, model.vocab_size={cfg.vocab_size})", pad_id)
-  validation.require(cfg.max_positions > pad_id + 1, "model.max_positions",
-                     f"greater than model.pad_id + 1 = {pad_id + 1}", cfg.max_positions)
-  validation.require_probability(cfg.get("dropout"), "model.dropout")
-  validation.require_probability(cfg.get("attn_dropout"), "model.attn_dropout")
-  for name in ("layer_norm_eps", "init_std"):
-    value = cfg.get(name)
-    validation.require(isinstance(value, float) and value > 0, f"model.{name}",
-                       "a positive float", value)
+@ModelConfig.variant("encoder")
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EncoderConfig(ModelConfig):
+  """The `model` section of an encoder (`model.kind = "encoder"`): RoBERTa's fields on top of
+  those every model has (`hf_roberta.encoder_config` reads them from a `config.json`)."""
 
+  max_positions: schema.PositiveInt  # Rows of the position table (module docstring).
+  type_vocab_size: schema.PositiveInt
+  pad_id: schema.NonNegativeInt
+  layer_norm_eps: schema.PositiveFloat
+  init_std: schema.PositiveFloat
 
-def max_tokens(cfg: ml_collections.ConfigDict) -> int:
-  """The longest input the position table holds (512 for RoBERTa's 514 rows)."""
-  return cfg.max_positions - cfg.pad_id - 1
+  def check(self, path: str) -> None:
+    super().check(path)
+    validation.require(self.d_model % self.n_heads == 0, f"{path}.d_model",
+                       f"divisible by {path}.n_heads={self.n_heads}", self.d_model)
+    validation.require(self.pad_id < self.vocab_size, f"{path}.pad_id",
+                       f"a token id in [0, {path}.vocab_size={self.vocab_size})", self.pad_id)
+    validation.require(self.max_positions > self.pad_id + 1, f"{path}.max_positions",
+                       f"greater than {path}.pad_id + 1 = {self.pad_id + 1}",
+                       self.max_positions)
 
 
 def roberta_positions(tokens_bt: jax.Array, pad_id: int) -> jax.Array:
@@ -58,22 +60,23 @@ def roberta_positions(tokens_bt: jax.Array, pad_id: int) -> jax.Array:
 
 
 def _embedding(n: int, d: int, std: float, rngs: nnx.Rngs) -> nnx.Embed:
-  return nnx.Embed(n, d, embedding_init=jax.nn.initializers.normal(std), rngs=rngs)
+  return nnx.Embed(n, d, embedding_init=jax.nn.initializers.normal(std),
+                   embedding_metadata={"logical_axes": ("vocab", "embed")}, rngs=rngs)
 
 
 class EncoderLayer(nnx.Module):
   """One post-LN layer with its optional adapters and SPARTAN memory (module docstring)."""
 
-  def __init__(self, cfg: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: EncoderConfig, *, rngs: nnx.Rngs):
     d, eps = cfg.d_model, cfg.layer_norm_eps
     self.attn = BidirectionalSelfAttention(d, cfg.n_heads, attn_dropout=cfg.attn_dropout,
                                            init_std=cfg.init_std, rngs=rngs)
-    self.attn_adapter = plugins.build_adapter(cfg, "attn", rngs)
-    self.attn_norm = nnx.LayerNorm(d, epsilon=eps, rngs=rngs)
+    self.attn_adapter = plugins.build_adapter(cfg.adapters, d, "attn", rngs)
+    self.attn_norm = layer_norm(d, epsilon=eps, rngs=rngs)
     self.ff = build_ff(cfg.ff, d_model=d, n_layers=cfg.n_layers, rngs=rngs)
-    self.ff_adapter = plugins.build_adapter(cfg, "ff", rngs)
-    self.ff_norm = nnx.LayerNorm(d, epsilon=eps, rngs=rngs)
-    self.memory = plugins.build_memory(cfg, rngs)
+    self.ff_adapter = plugins.build_adapter(cfg.adapters, d, "ff", rngs)
+    self.ff_norm = layer_norm(d, epsilon=eps, rngs=rngs)
+    self.memory = plugins.build_memory(cfg.memory, d, rngs)
     self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
 
   def __call__(self, h_btd: jax.Array, valid_bt: jax.Array):
@@ -96,14 +99,14 @@ class Encoder(nnx.Module):
   `N(0, init_std^2)` (0.02), zero biases, unit LayerNorm scales.
   """
 
-  def __init__(self, cfg: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
-    validate_encoder_config(cfg)
+  def __init__(self, cfg: ml_collections.ConfigDict | dict | EncoderConfig, *, rngs: nnx.Rngs):
+    cfg = EncoderConfig.parse(cfg, "model")
     self.pad_id, self.d_model = cfg.pad_id, cfg.d_model
     std = cfg.init_std
     self.word_embeddings = _embedding(cfg.vocab_size, cfg.d_model, std, rngs)
     self.position_embeddings = _embedding(cfg.max_positions, cfg.d_model, std, rngs)
     self.type_embeddings = _embedding(cfg.type_vocab_size, cfg.d_model, std, rngs)
-    self.embed_norm = nnx.LayerNorm(cfg.d_model, epsilon=cfg.layer_norm_eps, rngs=rngs)
+    self.embed_norm = layer_norm(cfg.d_model, epsilon=cfg.layer_norm_eps, rngs=rngs)
     self.embed_dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
     self.layers = nnx.List([EncoderLayer(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
 

@@ -9,16 +9,20 @@ cache)`: a KV cache for `causal`/`sparse_qkv`, the XL memory for `xl`; sparse FF
 their sparse decode path.
 """
 
+import dataclasses
 import math
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from sparse_jax import validation
+from sparse_jax import schema, validation
 from sparse_jax.layers import initializers
 from sparse_jax.layers.multiplicative_dense import MultiplicativeDense
+from sparse_jax.layers.normalization import layer_norm
+from sparse_jax.layers.registry import FFConfig
 from sparse_jax.layers.xl_attention import sinusoid_embedding
 from sparse_jax.models import plugins
 from sparse_jax.models.blocks import ATTENTION_KINDS, POSITIONS, DecoderBlock
@@ -27,36 +31,62 @@ from sparse_jax.models.xl_memory import XLMemory
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
-def validate_model_config(cfg: ml_collections.ConfigDict) -> None:
-  """Checks the `model` section; the FF fields are checked by their registry builder."""
-  for name in ("vocab_size", "d_model", "n_layers", "n_heads"):
-    validation.require_positive_int(cfg.get(name), f"model.{name}")
-  attention = cfg.get("attention", "xl")
-  validation.require_choice(attention, "model.attention", ATTENTION_KINDS)
-  if cfg.get("head_dim"):
-    validation.require_positive_int(cfg.head_dim, "model.head_dim")
-  if attention == "sparse_qkv" or not cfg.get("head_dim"):
-    validation.require(cfg.d_model % cfg.n_heads == 0, "model.d_model",
-                       f"divisible by model.n_heads={cfg.n_heads} (or set model.head_dim, "
-                       "except for sparse_qkv attention)", cfg.d_model)
-  mem_len = cfg.get("mem_len")
-  validation.require(isinstance(mem_len, int) and mem_len >= 0, "model.mem_len",
-                     "an integer >= 0", mem_len)
-  validation.require_probability(cfg.get("dropout"), "model.dropout")
-  validation.require_probability(cfg.get("attn_dropout", 0.0), "model.attn_dropout")
-  validation.require_choice(cfg.get("dtype", "float32"), "model.dtype", DTYPES)
-  validation.require_choice(cfg.get("positions", "rotary"), "model.positions", POSITIONS)
-  loss_sparsity = cfg.get("loss_sparsity", 0)
-  validation.require(
-      isinstance(loss_sparsity, int) and loss_sparsity >= 0
-      and (loss_sparsity == 0 or cfg.vocab_size % loss_sparsity == 0),
-      "model.loss_sparsity", f"0 (dense) or a divisor of model.vocab_size={cfg.vocab_size}",
-      loss_sparsity)
-  validation.require(not (loss_sparsity and cfg.get("tie_embeddings", False)),
-                     "model.tie_embeddings", "False with model.loss_sparsity", True)
-  validation.require(plugins.adapter_kind(cfg) == "none", "model.adapters.kind",
-                     "'none' in a decoder LM (adapters are placed in encoder layers)",
-                     plugins.adapter_kind(cfg))
+_schema = dataclasses.dataclass(frozen=True, kw_only=True)
+
+
+@_schema
+class ModelConfig(schema.Schema, tag="kind", default="lm"):
+  """The `model` section: `kind` "lm" (`LMConfig`, below) or "encoder"
+  (`sparse_jax.models.encoder.EncoderConfig`), and the fields every model kind has."""
+
+  kind: str
+  vocab_size: schema.PositiveInt
+  d_model: schema.PositiveInt
+  n_layers: schema.PositiveInt
+  n_heads: schema.PositiveInt
+  dropout: schema.Probability
+  attn_dropout: schema.Probability = 0.0
+  ff: FFConfig
+  memory: plugins.MemoryConfig
+  adapters: plugins.AdapterConfig
+
+  def check(self, path: str) -> None:
+    self.ff.check_width(self.d_model)
+
+
+@ModelConfig.variant("lm")
+@_schema
+class LMConfig(ModelConfig):
+  """The `model` section of a decoder LM (`TransformerLM`)."""
+
+  mem_len: schema.NonNegativeInt  # XL memory positions in training (XL attention only).
+  head_dim: schema.PositiveInt | None = None  # None: d_model // n_heads.
+  attention: Literal[ATTENTION_KINDS] = "xl"
+  positions: Literal[POSITIONS] = "rotary"  # causal and sparse_qkv attention only.
+  dtype: Literal[tuple(DTYPES)] = "float32"
+  tie_embeddings: bool = False
+  loss_sparsity: schema.NonNegativeInt = 0  # S of the multiplicative output; 0: dense.
+
+  def check(self, path: str) -> None:
+    super().check(path)
+    if self.attention == "sparse_qkv" or self.head_dim is None:
+      validation.require(self.d_model % self.n_heads == 0, f"{path}.d_model",
+                         f"divisible by {path}.n_heads={self.n_heads} (or set {path}.head_dim, "
+                         "except for sparse_qkv attention)", self.d_model)
+    validation.require(self.loss_sparsity == 0 or self.vocab_size % self.loss_sparsity == 0,
+                       f"{path}.loss_sparsity",
+                       f"0 (dense) or a divisor of {path}.vocab_size={self.vocab_size}",
+                       self.loss_sparsity)
+    validation.require(not (self.loss_sparsity and self.tie_embeddings),
+                       f"{path}.tie_embeddings", f"False with {path}.loss_sparsity", True)
+    validation.require(self.adapters.kind == "none", f"{path}.adapters.kind",
+                       "'none' in a decoder LM (adapters are placed in encoder layers)",
+                       self.adapters.kind)
+
+
+def validate_model_config(cfg: ml_collections.ConfigDict | dict | LMConfig) -> LMConfig:
+  """The typed `model` section of a decoder LM, every field checked (FF and plug-ins too)."""
+  return LMConfig.parse(cfg, "model")
 
 
 class TransformerLM(nnx.Module):
@@ -68,28 +98,31 @@ class TransformerLM(nnx.Module):
   `loss_sparsity` S > 0, the multiplicative layer of Scaling Transformers (Sec. 3.3).
   """
 
-  def __init__(self, cfg: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
-    validate_model_config(cfg)
+  def __init__(self, cfg: ml_collections.ConfigDict | dict | LMConfig, *, rngs: nnx.Rngs):
+    cfg = validate_model_config(cfg)
     self.vocab_size, self.d_model, self.n_layers = cfg.vocab_size, cfg.d_model, cfg.n_layers
-    self.is_xl = cfg.get("attention", "xl") == "xl"
-    self.sinusoidal = not self.is_xl and cfg.get("positions", "rotary") == "sinusoidal"
+    self.is_xl = cfg.attention == "xl"
+    self.sinusoidal = not self.is_xl and cfg.positions == "sinusoidal"
     self.mem_len = cfg.mem_len if self.is_xl else 0
-    self.dtype = DTYPES[cfg.get("dtype", "float32")]
-    self.tie_embeddings = bool(cfg.get("tie_embeddings", False))
+    self.dtype = DTYPES[cfg.dtype]
     self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model,
-                           embedding_init=jax.nn.initializers.normal(1.0), rngs=rngs)
+                           embedding_init=jax.nn.initializers.normal(1.0),
+                           embedding_metadata={"logical_axes": ("vocab", "embed")}, rngs=rngs)
     self.embed_dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
     self.blocks = nnx.List([DecoderBlock(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
-    self.final_norm = nnx.LayerNorm(cfg.d_model, rngs=rngs)
-    loss_sparsity = cfg.get("loss_sparsity", 0)
-    if loss_sparsity:
-      self.sparse_out = MultiplicativeDense(cfg.d_model, cfg.vocab_size, loss_sparsity,
-                                            rngs=rngs)
-    elif not self.tie_embeddings:
+    self.final_norm = layer_norm(cfg.d_model, rngs=rngs)
+    # The output projection: "sparse" (multiplicative), "tied" (to the embedding) or "dense".
+    self.output_kind = ("sparse" if cfg.loss_sparsity else "tied" if cfg.tie_embeddings
+                        else "dense")
+    if self.output_kind == "sparse":  # S x M modules factor the vocabulary.
+      self.sparse_out = MultiplicativeDense(cfg.d_model, cfg.vocab_size, cfg.loss_sparsity,
+                                            out_axes=("vocab", "vocab"), rngs=rngs)
+    elif self.output_kind == "dense":
       out_std = 1.0 / math.sqrt(cfg.d_model)
       self.w_out = nnx.Param(initializers.normal(out_std)(rngs.params(),
-                                                          (cfg.d_model, cfg.vocab_size)))
-    self.b_out = nnx.Param(jnp.zeros((cfg.vocab_size,)))
+                                                          (cfg.d_model, cfg.vocab_size)),
+                             logical_axes=("embed", "vocab"))
+    self.b_out = nnx.Param(jnp.zeros((cfg.vocab_size,)), logical_axes=("vocab",))
 
   def init_memory(self, batch: int, mem_len: int | None = None) -> XLMemory:
     """An empty memory of `mem_len` positions (default `model.mem_len`; 0 unless XL)."""
@@ -128,9 +161,9 @@ class TransformerLM(nnx.Module):
   def logits(self, h_btd: jax.Array) -> jax.Array:
     """Output projection in float32; tied logits are scaled by `1/sqrt(d_model)`."""
     h_btd = h_btd.astype(jnp.float32)
-    if hasattr(self, "sparse_out"):
+    if self.output_kind == "sparse":
       return self.sparse_out(h_btd) + self.b_out[...]
-    if self.tie_embeddings:
+    if self.output_kind == "tied":
       w_dv = self.embed.embedding[...].T / math.sqrt(self.d_model)
     else:
       w_dv = self.w_out[...]

@@ -1,54 +1,86 @@
-"""Per-layer plug-ins for parameter-efficient fine-tuning, built from the `model` config.
+"""Per-layer plug-ins for parameter-efficient fine-tuning: the `model.memory` and
+`model.adapters` sections and what they build.
 
 - `model.memory`: `{"kind": "none"}` or `{"kind": "spartan", "n_parents", "n_children",
-  "top_k", "temperature"}`: a SPARTAN memory after every layer (paper Sec. 3).
+  "top_k", "temperature", "read"}`: a SPARTAN memory after every layer (paper Sec. 3).
 - `model.adapters`: `{"kind": "none"}` or `{"kind": "houlsby" | "pfeiffer", "bottleneck",
   "activation"}`: bottleneck adapters (Houlsby: after attention and after FF; Pfeiffer: after
   FF only; encoder layers only).
 
-Missing sections mean "none", so every existing config keeps its model unchanged.
+A missing section means "none", so every existing config keeps its model unchanged.
 """
 
-import ml_collections
+import dataclasses
+from typing import Literal
+
 from flax import nnx
 
-from sparse_jax import validation
+from sparse_jax import schema, validation
+from sparse_jax.layers import spartan
 from sparse_jax.layers.adapters import ADAPTERS_PER_LAYER, BottleneckAdapter
 from sparse_jax.layers.dense_ff import ACTIVATIONS
-from sparse_jax.layers import spartan
 
-MEMORY_KINDS = ("none", "spartan")
-ADAPTER_KINDS = ("none", *ADAPTERS_PER_LAYER)
+_schema = dataclasses.dataclass(frozen=True, kw_only=True)
 
 
-def memory_kind(cfg: ml_collections.ConfigDict) -> str:
-  return (cfg.get("memory") or {}).get("kind", "none")
+@_schema
+class MemoryConfig(schema.Schema, tag="kind", default="none"):
+  """The `model.memory` section: `kind` picks the schema of the other fields."""
+
+  kind: str
 
 
-def adapter_kind(cfg: ml_collections.ConfigDict) -> str:
-  return (cfg.get("adapters") or {}).get("kind", "none")
+@MemoryConfig.variant("none")
+@_schema
+class NoMemoryConfig(MemoryConfig):
+  """No memory slot."""
 
 
-def build_memory(cfg: ml_collections.ConfigDict,
+@MemoryConfig.variant("spartan")
+@_schema
+class SpartanMemoryConfig(MemoryConfig):
+  """A SPARTAN memory (`layers.spartan.SpartanMemory`) after every layer."""
+
+  n_parents: schema.PositiveInt
+  n_children: schema.PositiveInt
+  top_k: schema.PositiveInt
+  temperature: schema.PositiveFloat = 1.0
+  read: Literal[("auto", *spartan.READS)] = "auto"
+
+  def check(self, path: str) -> None:
+    validation.require(self.top_k <= self.n_parents, f"{path}.top_k",
+                       f"at most {path}.n_parents={self.n_parents}", self.top_k)
+
+
+@_schema
+class AdapterConfig(schema.Schema, tag="kind", default="none"):
+  """The `model.adapters` section: `kind` picks the schema of the other fields."""
+
+  kind: str
+
+
+@AdapterConfig.variant("none")
+@_schema
+class NoAdapterConfig(AdapterConfig):
+  """No adapters."""
+
+
+@AdapterConfig.variant(*ADAPTERS_PER_LAYER)
+@_schema
+class BottleneckAdapterConfig(AdapterConfig):
+  """Bottleneck adapters (`layers.adapters.BottleneckAdapter`), Houlsby's or Pfeiffer's."""
+
+  bottleneck: schema.PositiveInt
+  activation: Literal[tuple(ACTIVATIONS)] = "relu"
+
+
+def build_memory(memory: MemoryConfig, d_model: int,
                  rngs: nnx.Rngs) -> spartan.SpartanMemory | None:
-  """The memory of `cfg.memory` for one layer of width `cfg.d_model`, or None."""
-  kind = memory_kind(cfg)
-  validation.require_choice(kind, "model.memory.kind", MEMORY_KINDS)
-  if kind == "none":
+  """The memory of `memory` for one layer of width `d_model`, or None."""
+  if not isinstance(memory, SpartanMemoryConfig):
     return None
-  memory = cfg.memory
-  fields = {name: memory.get(name) for name in ("n_parents", "n_children", "top_k")}
-  for name, value in fields.items():
-    validation.require_positive_int(value, f"model.memory.{name}")
-  validation.require(fields["top_k"] <= fields["n_parents"], "model.memory.top_k",
-                     f"at most model.memory.n_parents={fields['n_parents']}", fields["top_k"])
-  temperature = memory.get("temperature", 1.0)
-  validation.require(isinstance(temperature, (int, float)) and temperature > 0,
-                     "model.memory.temperature", "a positive number", temperature)
-  read = memory.get("read", "auto")
-  validation.require_choice(read, "model.memory.read", ("auto", *spartan.READS))
-  return spartan.SpartanMemory(cfg.d_model, **fields, temperature=temperature, read=read,
-                               rngs=rngs)
+  return spartan.SpartanMemory(d_model, memory.n_parents, memory.n_children, memory.top_k,
+                               temperature=memory.temperature, read=memory.read, rngs=rngs)
 
 
 def apply_memory(memory: spartan.SpartanMemory | None, h_btd, aux: dict):
@@ -60,15 +92,11 @@ def apply_memory(memory: spartan.SpartanMemory | None, h_btd, aux: dict):
   return h_btd, {**aux, **{f"memory/{k}": v for k, v in memory_aux.items() if k != "reg_loss"}}
 
 
-def build_adapter(cfg: ml_collections.ConfigDict, position: str,
+def build_adapter(adapters: AdapterConfig, d_model: int, position: str,
                   rngs: nnx.Rngs) -> BottleneckAdapter | None:
-  """The adapter of `cfg.adapters` at `position` ("attn" or "ff") of one layer, or None."""
-  kind = adapter_kind(cfg)
-  validation.require_choice(kind, "model.adapters.kind", ADAPTER_KINDS)
-  if kind == "none" or (kind == "pfeiffer" and position == "attn"):
+  """The adapter of `adapters` at `position` ("attn" or "ff") of one layer, or None."""
+  if not isinstance(adapters, BottleneckAdapterConfig) or (
+      adapters.kind == "pfeiffer" and position == "attn"):
     return None
-  bottleneck = cfg.adapters.get("bottleneck")
-  validation.require_positive_int(bottleneck, "model.adapters.bottleneck")
-  activation = cfg.adapters.get("activation", "relu")
-  validation.require_choice(activation, "model.adapters.activation", ACTIVATIONS)
-  return BottleneckAdapter(cfg.d_model, bottleneck, activation=activation, rngs=rngs)
+  return BottleneckAdapter(d_model, adapters.bottleneck, activation=adapters.activation,
+                           rngs=rngs)

@@ -74,14 +74,14 @@ class Run:
   batches split over the batch axes; this process reads only its own rows)."""
 
   def __init__(self, task: Task, workdir: str, mesh: Mesh):
-    config = task.config
-    self.task, self.config, self.workdir = task, config, workdir
+    train_cfg = task.typed.train
+    self.task, self.config, self.workdir = task, task.config, workdir
     self.placement = placement = Placement(mesh)
     task.check_mesh(placement)
     self.model, self.optimizer = task.build(placement)
     self.data_iterator = task.load_data(placement)
     self.carry = task.init_carry(self.model, placement)
-    self.checkpointer = Checkpointer(workdir, max_to_keep=config.train.keep_checkpoints,
+    self.checkpointer = Checkpointer(workdir, max_to_keep=train_cfg.keep_checkpoints,
                                      params=task.checkpoint_params)
     self.start = self.checkpointer.latest_step() or 0
     if self.start:
@@ -91,11 +91,11 @@ class Run:
           data_iterator=self.data_iterator, extras=task.checkpoint_extras(self.carry))
       self.carry = task.carry_from_extras(extras, self.carry)
     self.writer = MetricsWriter(workdir) if is_main_process() else None
-    self.lr = learning_rate_schedule(config.train)
+    self.lr = learning_rate_schedule(train_cfg)
     self.graphdef, self.state = nnx.split((self.model, self.optimizer))
     out_shardings = (placement.state_shardings(self.state), task.carry_shardings(placement),
                      parallel.replicated(mesh))
-    self.train_step = make_train_step(self.graphdef, task.loss, seed=config.seed,
+    self.train_step = make_train_step(self.graphdef, task.loss, seed=task.typed.seed,
                                       wrt=task.trainable, out_shardings=out_shardings)
 
   def step(self, step: int) -> dict[str, jax.Array]:
@@ -140,7 +140,7 @@ class Run:
 
 def run_task(task: Task, workdir: str, mesh: Mesh) -> dict[str, float]:
   """Trains `task` in `workdir` on `mesh` (see `train_and_evaluate`)."""
-  train_cfg = task.config.train
+  train_cfg = task.typed.train
   run = Run(task, workdir, mesh)
   step, window = run.start, MetricsWindow(run.start)
   try:
@@ -182,5 +182,5 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   """
   task = task_for(config)
   if mesh is None:
-    mesh = parallel.mesh_from_config(config.get("mesh", {}))
+    mesh = parallel.mesh_from_config(task.typed.mesh)
   return run_task(task, workdir, mesh)

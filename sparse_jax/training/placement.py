@@ -14,6 +14,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from sparse_jax import parallel, validation
+from sparse_jax.layers.registry import MoEConfig
 from sparse_jax.models.xl_memory import XLMemory
 
 
@@ -29,10 +30,12 @@ class Placement:
                        f"divisible by mesh.data * mesh.fsdp * mesh.expert = {self.shards} "
                        f"(mesh {dict(self.mesh.shape)})", batch_size)
 
-  def check_experts(self, n_experts: int | None) -> None:
-    """Raises `ConfigError` unless (with expert parallelism) a MoE's experts split evenly."""
+  def check_experts(self, ff) -> None:
+    """Raises `ConfigError` unless (with expert parallelism) the experts of the typed
+    `model.ff` section split evenly over the mesh's `expert` axis."""
     n_ep = parallel.axis_size(self.mesh, parallel.EXPERT)
     if n_ep > 1:
+      n_experts = ff.n_experts if isinstance(ff, MoEConfig) else None
       validation.require(n_experts is not None and n_experts % n_ep == 0, "model.ff.n_experts",
                          f"a MoE expert count divisible by mesh.expert = {n_ep}", n_experts)
 

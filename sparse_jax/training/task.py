@@ -13,6 +13,7 @@ import jax
 import ml_collections
 from flax import nnx
 
+from sparse_jax import schema
 from sparse_jax.training.checkpointing import ParamsItem
 from sparse_jax.training.placement import Placement
 
@@ -20,8 +21,9 @@ from sparse_jax.training.placement import Placement
 class Task(abc.ABC):
   """One kind of training over a validated experiment config.
 
-  Constructing a task validates its config and touches no file: data is read by
-  `load_data`, models are built by `build`.
+  Constructing a task parses the whole config through the task's schema (`typed`; raises
+  `ConfigError` naming the first bad field) and touches no file: data is read by `load_data`,
+  models are built by `build`. `config` is kept as given, to be saved with checkpoints.
   """
 
   #: Name of the progress bar.
@@ -31,8 +33,9 @@ class Task(abc.ABC):
   #: What checkpoints hold of the model.
   checkpoint_params: ParamsItem = ParamsItem()
 
-  def __init__(self, config: ml_collections.ConfigDict):
+  def __init__(self, config: ml_collections.ConfigDict, experiment: type[schema.Schema]):
     self.config = config
+    self.typed = experiment.parse(config, "")
 
   @property
   def trainable(self) -> nnx.filterlib.Filter:

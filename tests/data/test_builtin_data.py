@@ -12,6 +12,9 @@ from sparse_jax import data
 from sparse_jax.data import builtin
 from sparse_jax.data.lm_stream import StreamSegments, eval_batches, train_iterator
 
+# The stream fields every `data` section has (not used by these dataset-level calls).
+STREAMS = dict(batch_size=2, seq_len=16)
+
 
 def make_tree(root, files: dict[str, bytes]) -> None:
   for path, content in files.items():
@@ -33,7 +36,7 @@ def fake_stdlib(tmp_path_factory):
 
 
 def read_split(cfg, split):
-  b = data.spec(cfg).make_builder(cfg)
+  b = data.spec(cfg).make_builder()
   b.download_and_prepare()
   source = b.as_data_source(split)
   return [(source[i]["path"].decode(), bytes(np.asarray(source[i]["bytes"])))
@@ -43,7 +46,7 @@ def read_split(cfg, split):
 def test_builder_keeps_every_file_once_in_order(fake_stdlib, tmp_path):
   root, files = fake_stdlib
   cfg = ml_collections.ConfigDict(dict(name="builtin", source_root=root,
-                                       data_dir=str(tmp_path)))
+                                       data_dir=str(tmp_path), **STREAMS))
   seen = {}
   for split in data.SPLITS:
     records = read_split(cfg, split)
@@ -63,9 +66,11 @@ def test_split_depends_only_on_relative_path(fake_stdlib, tmp_path):
   shutil.copytree(root, moved)
   for split in data.SPLITS:
     a = read_split(ml_collections.ConfigDict(
-        dict(name="builtin", source_root=root, data_dir=str(tmp_path / "a"))), split)
+        dict(name="builtin", source_root=root, data_dir=str(tmp_path / "a"), **STREAMS)),
+        split)
     b = read_split(ml_collections.ConfigDict(
-        dict(name="builtin", source_root=moved, data_dir=str(tmp_path / "b"))), split)
+        dict(name="builtin", source_root=moved, data_dir=str(tmp_path / "b"), **STREAMS)),
+        split)
     assert a == b
 
 
@@ -82,7 +87,7 @@ def test_split_fractions_are_90_5_5():
 
 def test_missing_source_root_is_named(tmp_path):
   cfg = ml_collections.ConfigDict(dict(name="builtin", source_root=str(tmp_path / "nope"),
-                                       data_dir=str(tmp_path)))
+                                       data_dir=str(tmp_path), **STREAMS))
   with pytest.raises(FileNotFoundError, match="nope"):
     data.load_tokens(cfg, "train")
 

@@ -16,6 +16,9 @@ from sparse_jax.data.lm_stream import StreamSegments, train_iterator
 from sparse_jax.training import train_and_evaluate
 from sparse_jax.training.evaluate_checkpoint import evaluate_checkpoint
 
+# The stream fields every `data` section has (not used by these dataset-level calls).
+STREAMS = dict(batch_size=2, seq_len=16)
+
 SCALED_SPLIT = (7_000, 1_500, 1_500)  # The standard 90/5/5 shape is irrelevant here.
 
 
@@ -45,13 +48,13 @@ def source(tmp_path_factory):
 def enwik8_config(manual_dir, data_dir, split_bytes=SCALED_SPLIT, download=False):
   return ml_collections.ConfigDict(dict(name="enwik8", manual_dir=str(manual_dir),
                                         data_dir=str(data_dir), download=download,
-                                        split_bytes=split_bytes))
+                                        split_bytes=split_bytes, **STREAMS))
 
 
 def test_default_split_is_the_standard_90m_5m_5m():
   assert enwik8.STANDARD_SPLIT_BYTES == (
       ("train", 90_000_000), ("validation", 5_000_000), ("test", 5_000_000))
-  spec = data.spec(ml_collections.ConfigDict(dict(name="enwik8")))
+  spec = data.spec(ml_collections.ConfigDict(dict(name="enwik8", **STREAMS)))
   assert (spec.vocab_size, spec.unit) == (256, "byte")
 
 

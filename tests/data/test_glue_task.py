@@ -25,7 +25,7 @@ def data_dir(tmp_path_factory):
 
 
 def task(name, data_dir, **fields):
-  return ml_collections.ConfigDict(dict(name=name, data_dir=data_dir, **fields))
+  return ml_collections.ConfigDict(dict(name=name, data_dir=data_dir, max_len=32, **fields))
 
 
 def test_real_builder_urls_are_the_served_ones():

@@ -48,7 +48,7 @@ def fake_stdlib(tmp_path_factory):
 def task(root, data_dir, **overrides):
   return ml_collections.ConfigDict(dict(
       name="stdlib_packages", source_root=root, data_dir=data_dir, packages=PACKAGES,
-      snippet_bytes=SNIPPET_BYTES, max_snippets_per_file=MAX_SNIPPETS) | overrides)
+      snippet_bytes=SNIPPET_BYTES, max_snippets_per_file=MAX_SNIPPETS, max_len=32) | overrides)
 
 
 @pytest.fixture(scope="module")

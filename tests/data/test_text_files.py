@@ -8,6 +8,9 @@ from sparse_jax import data
 from sparse_jax.data import sources, text_files
 from sparse_jax.validation import ConfigError
 
+# The stream fields every `data` section has (not used by these dataset-level calls).
+STREAMS = dict(batch_size=2, seq_len=16)
+
 VOCAB = 330
 
 
@@ -33,7 +36,7 @@ def files(tmp_path_factory) -> dict[str, str]:
 def split_files_config(files, data_dir, **fields):
   return ml_collections.ConfigDict(dict(
       name="text_files", data_dir=str(data_dir), train_file=files["train"],
-      validation_file=files["validation"], test_file=files["test"], **fields))
+      validation_file=files["validation"], test_file=files["test"], **STREAMS, **fields))
 
 
 def read_bytes(path) -> bytes:
@@ -51,7 +54,8 @@ def test_byte_mode_gives_each_file_exactly(files, tmp_path):
 def test_one_file_is_cut_by_fractions_at_line_breaks(files, tmp_path):
   whole = read_bytes(files["whole"])
   cfg = ml_collections.ConfigDict(dict(name="text_files", data_dir=str(tmp_path),
-                                       file=files["whole"], split_fractions=(0.8, 0.1, 0.1)))
+                                       file=files["whole"], split_fractions=(0.8, 0.1, 0.1),
+                                       **STREAMS))
   parts = [data.load_tokens(cfg, split).tobytes() for split in data.SPLITS]
   assert b"".join(parts) == whole
   for part, fraction in zip(parts, (0.8, 0.1, 0.1)):
@@ -103,4 +107,4 @@ def test_missing_file_is_named_with_its_field(files, tmp_path):
 ])
 def test_bad_text_files_configs_name_the_field(fields, named):
   with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
-    data.spec(ml_collections.ConfigDict(dict(name="text_files", **fields)))
+    data.spec(ml_collections.ConfigDict(dict(name="text_files", **STREAMS, **fields)))

@@ -54,7 +54,7 @@ def manual_dir(texts, tmp_path_factory) -> str:
 def wt_config(data_dir, *, manual_dir=None, source_dir=None, vocab=VOCAB):
   return ml_collections.ConfigDict(dict(
       name="wikitext103", data_dir=str(data_dir), manual_dir=manual_dir, source_dir=source_dir,
-      download=False, sp_vocab_size=vocab))
+      download=False, sp_vocab_size=vocab, batch_size=2, seq_len=16))
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from flax import nnx
 
 from sparse_jax.layers import build_ff
 from sparse_jax.layers.moe import SigmaMoE
-from sparse_jax.layers.routers import sbase, switch
+from sparse_jax.layers.routers import Router, sbase, switch
 
 D, E, G = 12, 6, 5
 
@@ -169,10 +169,13 @@ def test_softmax_moe_gates(renorm):
   np.testing.assert_allclose(r.gates_nk, want, rtol=1e-5)
 
 
-@pytest.mark.parametrize("kind,fields", [
+MOE_KINDS = [
     ("sigma_moe", dict(k=2, reg_coef=0.001)), ("switch", dict(capacity_factor=2.0, reg_coef=0.01)),
     ("noisy_topk", dict(k=2, reg_coef=0.01)), ("sbase", dict(k=2, reg_coef=0.001)),
-    ("softmax_moe", dict(k=2, renorm=False, reg_coef=0.001))])
+    ("softmax_moe", dict(k=2, renorm=False, reg_coef=0.001))]
+
+
+@pytest.mark.parametrize("kind,fields", MOE_KINDS)
 def test_gradients_reach_the_selector_and_param_counts(kind, fields):
   layer = ff(kind, **fields)
   x = random_x(12)
@@ -186,3 +189,15 @@ def test_gradients_reach_the_selector_and_param_counts(kind, fields):
   selector = E * D * (2 if kind == "noisy_topk" else 1)
   assert sum(p.size for p in jax.tree.leaves(nnx.state(layer, nnx.Param))) == (
       2 * E * D * G + selector)
+
+
+@pytest.mark.parametrize("kind,fields", MOE_KINDS)
+def test_router_contract_k_and_flops(kind, fields):
+  """Every router is a `Router` with its `k` (Switch: 1) and its own multiply-adds: the
+  selector's `d_model * E`, twice with the noisy router's noise net."""
+  layer = ff(kind, **fields)
+  router = layer.router
+  assert isinstance(router, Router)
+  assert router.k == fields.get("k", 1)
+  assert router.flops_per_token() == D * E * (2 if kind == "noisy_topk" else 1)
+  assert layer.flops_per_token() == router.flops_per_token() + router.k * 2 * D * G

@@ -26,6 +26,13 @@ FF_CONFIGS = {
 }
 
 
+def lm_loss(model, batch, memory):
+  """Next-token cross-entropy plus the FF regularisers, in the step factory's loss shape."""
+  logits, new_memory, aux = model(batch["inputs"], memory)
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean()
+  return ce + aux["reg_loss"], ({"ce": ce}, new_memory)
+
+
 def lm_config(kind):
   return ml_collections.ConfigDict(dict(
       vocab_size=40, d_model=16, n_layers=2, n_heads=2, mem_len=6, dropout=0.1,
@@ -42,7 +49,7 @@ def test_one_jitted_training_step(kind):
   optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
   graphdef, state = nnx.split((model, optimizer))
   before = jax.tree.map(np.array, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
-  step = make_train_step(graphdef, seed=0)
+  step = make_train_step(graphdef, lm_loss, seed=0)
   tokens = jax.random.randint(jax.random.key(1), (2, 7), 0, 40)
   batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
   state, memory, metrics = step(state, model.init_memory(2), batch, 0)
@@ -76,7 +83,7 @@ def test_one_training_step_for_each_attention_kind(attention, extra):
   optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
   graphdef, state = nnx.split((model, optimizer))
   tokens = jax.random.randint(jax.random.key(2), (2, 7), 0, 40)
-  _, memory, metrics = make_train_step(graphdef, seed=0)(
+  _, memory, metrics = make_train_step(graphdef, lm_loss, seed=0)(
       state, model.init_memory(2), {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}, 0)
   assert np.isfinite(float(metrics["loss"])) and float(metrics["grad_norm"]) > 0
   assert memory.mem_len == 0  # only XL attention carries memory

@@ -1,6 +1,6 @@
 """Fine-tuning a frozen RoBERTa-compatible backbone: freezing, trainable-only checkpoints
-reloaded onto the backbone, exact resume, and the whole `train.py`/`eval.py` path on GLUE RTE
-(served offline to TFDS's real builder)."""
+reloaded onto the backbone and the whole `train.py`/`eval.py` path on GLUE RTE (served
+offline to TFDS's real builder). Exact resume: `test_finetune_engine.py`."""
 
 import json
 import os
@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from flax import nnx
 from hf_testing import save_roberta_directory
-from training_testing import patch_step, sigterm_at, train_losses
 
 from configs import spartan_rte
 from sparse_jax.finetune import methods
@@ -103,18 +102,6 @@ def test_finetune_saves_the_trainable_part_and_eval_reloads_it(roberta_dir, offl
   results, path = evaluate_checkpoint(workdir)
   assert results["step"] == 4 and results["accuracy"] == final["accuracy"]
   assert os.path.exists(path)
-
-
-def test_resume_after_sigterm_is_exact(roberta_dir, offline_glue, tmp_path, monkeypatch):
-  config = rte_config(roberta_dir, str(tmp_path / "tfds"))
-  straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-  train_and_evaluate(config, straight)
-  with monkeypatch.context() as m:
-    patch_step(m, sigterm_at(1))
-    assert train_and_evaluate(config, resumed) == {"step": 2, "interrupted": 1.0}
-  train_and_evaluate(config, resumed)
-  assert train_losses(resumed) == train_losses(straight)
-  assert sorted(train_losses(straight)) == [1, 2, 3, 4]
 
 
 def test_bad_fields_are_named(roberta_dir, tmp_path):

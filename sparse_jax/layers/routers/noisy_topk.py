@@ -12,15 +12,17 @@ def cv_squared(v_e: jax.Array) -> jax.Array:
   return jnp.var(v_e) / (jnp.mean(v_e) ** 2 + 1e-10)
 
 
-class NoisyTopKRouter(nnx.Module):
+class NoisyTopKRouter(routing.Router):
   """`H = x W3 + N(0,1) softplus(x W4)` (noise in training only); gates = `norm topk`,
   i.e. a softmax over the k largest noisy logits; loss CV^2 of the summed gates (Eq. 14)."""
 
   def __init__(self, d_model: int, n_experts: int, k: int, *, n_layers: int,
                reg_coef: float = 0.01, rngs: nnx.Rngs):
-    self.n_experts, self.k, self.reg_coef = n_experts, k, reg_coef
-    self.w_sel = nnx.Param(routing.selector_param(rngs, n_experts, d_model, n_layers))
-    self.w_noise = nnx.Param(jnp.zeros((n_experts, d_model)))  # Shazeer et al. init: zeros.
+    super().__init__(d_model, n_experts, k, n_layers=n_layers, rngs=rngs)
+    self.reg_coef = reg_coef
+    # The noise net W4, zero at init as in Shazeer et al.
+    self.w_noise = nnx.Param(jnp.zeros((n_experts, d_model)),
+                             logical_axes=routing.SELECTOR_AXES)
     self.deterministic = False
     self.rngs = rngs["routing"].fork()
 
@@ -34,3 +36,7 @@ class NoisyTopKRouter(nnx.Module):
     importance_e = jnp.zeros((self.n_experts,), jnp.float32).at[sel_nk].add(gates_nk)
     reg = self.reg_coef * cv_squared(importance_e)
     return routing.Routing(sel_nk.astype(jnp.int32), gates_nk, reg)
+
+  def flops_per_token(self) -> int:
+    """The selector and the noise net, `d_model * E` multiply-adds each."""
+    return 2 * super().flops_per_token()

@@ -1,10 +1,11 @@
-"""What every router returns, and the pieces several routers share."""
+"""What every router is and returns, and the pieces several routers share."""
 
 import math
 
 import flax.struct
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from sparse_jax.layers import initializers
 
@@ -62,7 +63,33 @@ def gather_gates(scores_ne: jax.Array, sel_nk: jax.Array) -> jax.Array:
   return jnp.take_along_axis(scores_ne, sel_nk, axis=-1)
 
 
-def selector_param(rngs, n_experts: int, d_model: int, n_layers: int):
+# A selector's rows score the experts; they stay whole on every device (`sparse_jax.parallel`).
+SELECTOR_AXES = ("expert_scores", "embed")
+
+
+def selector_param(rngs, n_experts: int, d_model: int, n_layers: int) -> nnx.Param:
   """The `[E, d_model]` selector `W3` with the sigma-MoE init (std of `W1`)."""
   std = initializers.depth_scaled_std(d_model, n_layers)
-  return equal_norm_rows(rngs.params(), (n_experts, d_model), std)
+  return nnx.Param(equal_norm_rows(rngs.params(), (n_experts, d_model), std),
+                   logical_axes=SELECTOR_AXES)
+
+
+class Router(nnx.Module):
+  """The router contract that `MoE` relies on, and what every router shares.
+
+  `router(x_nd)` maps tokens `[N, d_model]` to a `Routing` of `k` slots per token over
+  `n_experts` experts; `flops_per_token()` is the router's multiply-adds per token. Every
+  router scores tokens with a selector `w_sel [E, d_model]` (`x W3^T`: `d_model * E`
+  multiply-adds); subclasses add their own parameters, randomness and `__call__`.
+  """
+
+  def __init__(self, d_model: int, n_experts: int, k: int, *, n_layers: int, rngs: nnx.Rngs):
+    self.d_model, self.n_experts, self.k = d_model, n_experts, k
+    self.w_sel = selector_param(rngs, n_experts, d_model, n_layers)
+
+  def __call__(self, x_nd: jax.Array) -> Routing:
+    raise NotImplementedError(f"{type(self).__name__} must define __call__.")
+
+  def flops_per_token(self) -> int:
+    """Multiply-adds of the selector `x W3^T`."""
+    return self.d_model * self.n_experts

@@ -21,16 +21,15 @@ def sinkhorn(logits_ne: jax.Array, n_iters: int) -> jax.Array:
   return log_p
 
 
-class SBaseRouter(nnx.Module):
+class SBaseRouter(routing.Router):
   """Scores `s = sigmoid(x W3^T)`. Training: experts are the top-k of the Sinkhorn-balanced
   assignment of the batch; evaluation: the plain top-k of s. Gates are always s. The
   regulariser is sigma-MoE's Eq. 20, as the paper uses for S-BASE."""
 
   def __init__(self, d_model: int, n_experts: int, k: int, *, n_layers: int,
                sinkhorn_iters: int = 3, reg_coef: float = 0.0, rngs: nnx.Rngs):
-    self.n_experts, self.k = n_experts, k
+    super().__init__(d_model, n_experts, k, n_layers=n_layers, rngs=rngs)
     self.sinkhorn_iters, self.reg_coef = sinkhorn_iters, reg_coef
-    self.w_sel = nnx.Param(routing.selector_param(rngs, n_experts, d_model, n_layers))
     self.deterministic = False
 
   def __call__(self, x_nd: jax.Array) -> routing.Routing:

@@ -7,7 +7,7 @@ from flax import nnx
 from sparse_jax.layers.routers import routing
 
 
-class SigmaRouter(nnx.Module):
+class SigmaRouter(routing.Router):
   """`s = sigmoid(x W3^T)`; top-k of s picks the experts and s weights them (Eq. 11).
 
   Expert dropout (Eq. 22): in training, each (token, expert) score is set to -inf before the
@@ -17,9 +17,8 @@ class SigmaRouter(nnx.Module):
 
   def __init__(self, d_model: int, n_experts: int, k: int, *, n_layers: int,
                expert_dropout: float = 0.0, reg_coef: float = 0.0, rngs: nnx.Rngs):
-    self.n_experts, self.k = n_experts, k
+    super().__init__(d_model, n_experts, k, n_layers=n_layers, rngs=rngs)
     self.expert_dropout, self.reg_coef = expert_dropout, reg_coef
-    self.w_sel = nnx.Param(routing.selector_param(rngs, n_experts, d_model, n_layers))
     self.deterministic = False
     self.rngs = rngs["routing"].fork()
 

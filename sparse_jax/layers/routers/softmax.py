@@ -7,7 +7,7 @@ from flax import nnx
 from sparse_jax.layers.routers import routing
 
 
-class SoftmaxRouter(nnx.Module):
+class SoftmaxRouter(routing.Router):
   """`p = softmax(x W3^T)`; top-k of p; gates `p` (`renorm=False`) or `norm topk(p)`.
 
   With `renorm=True` the k kept probabilities are renormalised to sum to 1 (App. A.1), which
@@ -16,8 +16,8 @@ class SoftmaxRouter(nnx.Module):
 
   def __init__(self, d_model: int, n_experts: int, k: int, *, n_layers: int, renorm: bool,
                reg_coef: float = 0.0, rngs: nnx.Rngs):
-    self.n_experts, self.k, self.renorm, self.reg_coef = n_experts, k, renorm, reg_coef
-    self.w_sel = nnx.Param(routing.selector_param(rngs, n_experts, d_model, n_layers))
+    super().__init__(d_model, n_experts, k, n_layers=n_layers, rngs=rngs)
+    self.renorm, self.reg_coef = renorm, reg_coef
 
   def __call__(self, x_nd: jax.Array) -> routing.Routing:
     logits_ne = routing.selector_logits(x_nd, self.w_sel[...])

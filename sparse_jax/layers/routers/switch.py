@@ -30,18 +30,17 @@ def balance_loss(probs_ne: jax.Array, sel_n: jax.Array) -> jax.Array:
   return n_experts * jnp.dot(f_e, p_e)
 
 
-class SwitchRouter(nnx.Module):
+class SwitchRouter(routing.Router):
   """Top-1 of `softmax(x W3^T)` without renormalisation, a hard capacity, Eq. 17's loss.
 
   Tokens over an expert's capacity get gate 0: the FF block outputs zero for them and only
-  the residual passes.
+  the residual passes. One expert per token: `k = 1`.
   """
 
   def __init__(self, d_model: int, n_experts: int, *, n_layers: int, capacity_factor: float,
                reg_coef: float = 0.01, rngs: nnx.Rngs):
-    self.n_experts, self.k = n_experts, 1
+    super().__init__(d_model, n_experts, 1, n_layers=n_layers, rngs=rngs)
     self.capacity_factor, self.reg_coef = capacity_factor, reg_coef
-    self.w_sel = nnx.Param(routing.selector_param(rngs, n_experts, d_model, n_layers))
 
   def __call__(self, x_nd: jax.Array) -> routing.Routing:
     logits_ne = routing.selector_logits(x_nd, self.w_sel[...])

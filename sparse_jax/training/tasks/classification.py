@@ -8,6 +8,7 @@ few-shot subset size or None for the whole split), `backbone` (`finetune.backbon
 `trainable`): restoring rebuilds the backbone from `backbone` and puts that part on top.
 """
 
+import dataclasses
 import json
 import os
 
@@ -18,17 +19,14 @@ import numpy as np
 import optax
 from flax import nnx
 
-from sparse_jax import parallel, validation
+from sparse_jax import parallel, schema
 from sparse_jax.data import classification, task_batches
-from sparse_jax.finetune.backbones import (backbone_model_config, build_classifier,
-                                           load_tokenizer, validate_backbone_config)
-from sparse_jax.finetune.methods import trainable_filter, validate_method_config
+from sparse_jax.finetune import backbones, methods
 from sparse_jax.finetune.storage import storage_report
 from sparse_jax.models.classifier import SequenceClassifier
 from sparse_jax.training import classification_metrics
 from sparse_jax.training.checkpointing import Checkpointer, ParamsItem
-from sparse_jax.training.config_checks import validate_mesh
-from sparse_jax.training.optimizer import make_optimizer, validate_train_config
+from sparse_jax.training.optimizer import BatchedTrainConfig, make_optimizer
 from sparse_jax.training.placement import Placement
 from sparse_jax.training.task import Task
 
@@ -37,27 +35,26 @@ class HiddenLabelsError(ValueError):
   """The split's labels are hidden (GLUE test splits), so it cannot be scored."""
 
 
-def validate_classification_config(config: ml_collections.ConfigDict) -> None:
-  """Raises `ConfigError` naming the first bad field, before anything is loaded."""
-  for section in ("task", "backbone", "method", "train", "eval"):
-    validation.require(section in config, section, "a config section", None)
-  validation.require(isinstance(config.get("seed"), int), "seed", "an integer",
-                     config.get("seed"))
-  classification.task_spec(config.task)
-  validation.require_positive_int(config.task.get("max_len"), "task.max_len")
-  n_train = config.task.get("n_train")
-  validation.require(n_train is None or (isinstance(n_train, int) and n_train > 0),
-                     "task.n_train", "None (the whole split) or a positive integer", n_train)
-  validate_backbone_config(config.backbone)
-  validate_method_config(config.method)
-  validate_train_config(config.train)
-  validation.require_positive_int(config.train.get("batch_size"), "train.batch_size")
-  validation.require_positive_int(config.eval.get("batch_size"), "eval.batch_size")
-  max_examples = config.eval.get("max_examples")
-  validation.require(max_examples is None or (isinstance(max_examples, int) and max_examples > 0),
-                     "eval.max_examples", "None (the whole split) or a positive integer",
-                     max_examples)
-  validate_mesh(config)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ClassificationEvalConfig(schema.Schema):
+  """The `eval` section: batches of `batch_size`; `max_examples` None scores the whole
+  validation split."""
+
+  batch_size: schema.PositiveInt
+  max_examples: schema.PositiveInt | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ClassificationExperiment(schema.Schema):
+  """A fine-tuning config (module docstring), typed."""
+
+  seed: int = 0
+  task: classification.TaskConfig
+  backbone: backbones.BackboneConfig
+  method: methods.MethodConfig
+  train: BatchedTrainConfig
+  eval: ClassificationEvalConfig
+  mesh: parallel.MeshConfig
 
 
 def task_loss(logits_bc: jax.Array, labels_b: jax.Array) -> jax.Array:
@@ -95,10 +92,9 @@ class ClassificationTask(Task):
   rate_name = "examples_per_second"
 
   def __init__(self, config: ml_collections.ConfigDict):
-    validate_classification_config(config)
-    super().__init__(config)
-    self.spec = classification.task_spec(config.task)
-    self._trainable = trainable_filter(config.method)
+    super().__init__(config, ClassificationExperiment)
+    self.spec = self.typed.task.spec()
+    self._trainable = methods.trainable_filter(self.typed.method)
     self.checkpoint_params = ParamsItem("trainable", self._trainable)
     self._tokenizer, self._valid = None, None
 
@@ -108,34 +104,34 @@ class ClassificationTask(Task):
 
   @property
   def batch_size(self) -> int:
-    return self.config.train.batch_size
+    return self.typed.train.batch_size
 
   @property
   def items_per_step(self) -> int:
-    return self.config.train.batch_size
+    return self.typed.train.batch_size
 
   def check_mesh(self, placement: Placement) -> None:
-    placement.check_batch(self.config.train.batch_size, "train.batch_size")
-    placement.check_batch(self.config.eval.batch_size, "eval.batch_size")
+    placement.check_batch(self.typed.train.batch_size, "train.batch_size")
+    placement.check_batch(self.typed.eval.batch_size, "eval.batch_size")
 
   def build(self, placement: Placement):
-    model = build_classifier(self.config, self.spec.num_classes)
-    optimizer = nnx.Optimizer(model, make_optimizer(self.config.train), wrt=self._trainable)
+    model = backbones.build_classifier(self.typed, self.spec.num_classes)
+    optimizer = nnx.Optimizer(model, make_optimizer(self.typed.train), wrt=self._trainable)
     return placement.put((model, optimizer))
 
   def _tokenized(self, split: str, n_examples: int | None) -> dict[str, np.ndarray]:
     """A split as arrays: `tokens [N, max_len]`, `lengths [N]`, `labels [N]`."""
-    loaded = classification.load_task_split(self.config.task, split, n_examples=n_examples,
-                                            seed=self.config.seed)
+    loaded = classification.load_task_split(self.typed.task, split, n_examples=n_examples,
+                                            seed=self.typed.seed)
     if self._tokenizer is None:
-      self._tokenizer = load_tokenizer(self.config.backbone)
-    tokens, lengths = self._tokenizer.encode(loaded.texts, self.config.task.max_len)
+      self._tokenizer = backbones.load_tokenizer(self.typed.backbone)
+    tokens, lengths = self._tokenizer.encode(loaded.texts, self.typed.task.max_len)
     return {"tokens": tokens, "lengths": lengths, "labels": loaded.labels}
 
   def load_data(self, placement: Placement):
-    train = self._tokenized("train", self.config.task.get("n_train"))
-    self._valid = self._tokenized(self.spec.eval_split, self.config.eval.get("max_examples"))
-    return task_batches.train_iterator(train, self.batch_size, self.config.seed,
+    train = self._tokenized("train", self.typed.task.n_train)
+    self._valid = self._tokenized(self.spec.eval_split, self.typed.eval.max_examples)
+    return task_batches.train_iterator(train, self.batch_size, self.typed.seed,
                                        placement.local_rows(self.batch_size))
 
   def loss(self, model: SequenceClassifier, batch, carry):
@@ -152,7 +148,7 @@ class ClassificationTask(Task):
       raise HiddenLabelsError(f"{self.spec.name}: this split's labels are hidden (GLUE test "
                               f"splits); evaluate on {self.spec.eval_split!r} or submit "
                               "predictions to GLUE.")
-    batch_size = self.config.eval.batch_size
+    batch_size = self.typed.eval.batch_size
     predict = make_predict_step(nnx.graphdef(model), placement)
     state, rows, preds = nnx.state(model), placement.local_rows(batch_size), []
     with jax.set_mesh(placement.mesh):
@@ -169,7 +165,7 @@ class ClassificationTask(Task):
     storage cost); returns the trainable parameter count."""
     n_trainable = sum(x.size for x in jax.tree.leaves(nnx.state(run.model, self._trainable)))
     n_total = sum(x.size for x in jax.tree.leaves(nnx.state(run.model, nnx.Param)))
-    report = {"method": self.config.method.kind, "trainable_params": int(n_trainable),
+    report = {"method": self.typed.method.kind, "trainable_params": int(n_trainable),
               "total_params": int(n_total),
               "trainable_bytes_on_disk": run.checkpointer.params_bytes(step)}
     if jax.process_index() == 0:
@@ -181,8 +177,8 @@ class ClassificationTask(Task):
                           max_batches: int | None) -> dict:
     """Scores `split` (default: the task's validation split) with the backbone rebuilt from
     `backbone` and step `step`'s trainable part on top. `max_batches` limits the batches."""
-    placement = Placement(parallel.mesh_from_config(self.config.get("mesh", {})))
-    model = build_classifier(self.config, self.spec.num_classes)
+    placement = Placement(parallel.mesh_from_config(self.typed.mesh))
+    model = backbones.build_classifier(self.typed, self.spec.num_classes)
     checkpointer = Checkpointer(workdir, params=self.checkpoint_params)
     try:
       checkpointer.restore_params(step, model)
@@ -190,12 +186,12 @@ class ClassificationTask(Task):
       checkpointer.close()
     model = placement.put(model)
     split = self.spec.eval_split if split in (None, "validation") else split
-    n_examples = None if max_batches is None else max_batches * self.config.eval.batch_size
+    n_examples = None if max_batches is None else max_batches * self.typed.eval.batch_size
     arrays = self._tokenized(split, None)
     if n_examples is not None:
       arrays = {k: v[:n_examples] for k, v in arrays.items()}
     return self._score(model, placement, arrays)
 
   def param_report(self) -> dict:
-    return storage_report(backbone_model_config(self.config.backbone), self.config.method,
-                          num_classes=self.spec.num_classes)
+    return storage_report(backbones.backbone_model_config(self.typed.backbone),
+                          self.typed.method, num_classes=self.spec.num_classes)

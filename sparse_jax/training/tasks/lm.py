@@ -6,36 +6,68 @@ Config sections: `data` (`sparse_jax.data`), `model` (`models.lm`), `train`, `ev
 checkpoint as the item `memory`) holds the real preceding text.
 """
 
+import dataclasses
+
 import ml_collections
 from flax import nnx
 
-from sparse_jax import data, parallel
+from sparse_jax import data, parallel, schema, validation
+from sparse_jax.data.datasets import DataConfig
 from sparse_jax.models.accounting import model_report
-from sparse_jax.models.lm import TransformerLM
+from sparse_jax.models.lm import LMConfig, TransformerLM
 from sparse_jax.models.xl_memory import XLMemory
 from sparse_jax.training.checkpointing import Checkpointer
-from sparse_jax.training.config_checks import validate_config
-from sparse_jax.training.optimizer import make_optimizer
+from sparse_jax.training.optimizer import TrainConfig, make_optimizer
 from sparse_jax.training.placement import Placement
 from sparse_jax.training.steps import make_rngs
 from sparse_jax.training.task import Task
 from sparse_jax.training.tasks.lm_evaluation import Evaluator, cross_entropy, unit_metric
 
 
-def build_model(config: ml_collections.ConfigDict) -> TransformerLM:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LMEvalConfig(schema.Schema):
+  """The `eval` section: `batch_size` streams with XL memory of `mem_len` positions (the
+  paper: 4x the training context); `max_batches` None evaluates the whole split."""
+
+  batch_size: schema.PositiveInt
+  mem_len: schema.NonNegativeInt
+  max_batches: schema.PositiveInt | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LMExperiment(schema.Schema):
+  """A language-model config (module docstring), typed."""
+
+  seed: int = 0
+  data: DataConfig
+  model: LMConfig
+  train: TrainConfig
+  eval: LMEvalConfig
+  mesh: parallel.MeshConfig
+
+  def check(self, path: str) -> None:
+    vocab = self.data.spec().vocab_size
+    validation.require(self.model.vocab_size >= vocab, "model.vocab_size",
+                       f">= the vocabulary of data.name={self.data.name!r} ({vocab})",
+                       self.model.vocab_size)
+
+
+def build_model(config) -> TransformerLM:
+  """The LM of a config (ConfigDict or `LMExperiment`), initialised from its seed."""
   return TransformerLM(config.model, rngs=make_rngs(config.seed))
 
 
-def build_model_and_optimizer(config: ml_collections.ConfigDict):
+def build_model_and_optimizer(config):
   """The model and its optimiser (state for `nnx.Param`s only)."""
   model = build_model(config)
-  return model, nnx.Optimizer(model, make_optimizer(config.train), wrt=nnx.Param)
+  return model, nnx.Optimizer(model, make_optimizer(TrainConfig.parse(config.train, "train")),
+                              wrt=nnx.Param)
 
 
-def make_evaluator(config: ml_collections.ConfigDict, model: TransformerLM,
+def make_evaluator(config: LMExperiment, model: TransformerLM,
                    placement: Placement | None = None) -> Evaluator:
   return Evaluator(model, batch_size=config.eval.batch_size, seq_len=config.data.seq_len,
-                   mem_len=config.eval.mem_len, unit=data.spec(config.data).unit,
+                   mem_len=config.eval.mem_len, unit=config.data.spec().unit,
                    placement=placement)
 
 
@@ -45,32 +77,31 @@ class LanguageModelTask(Task):
   rate_name = "tokens_per_second"
 
   def __init__(self, config: ml_collections.ConfigDict):
-    validate_config(config)
-    super().__init__(config)
-    self.unit = data.spec(config.data).unit
+    super().__init__(config, LMExperiment)
+    self.unit = self.typed.data.spec().unit
     self._valid, self._evaluator = None, None
 
   @property
   def batch_size(self) -> int:
-    return self.config.data.batch_size
+    return self.typed.data.batch_size
 
   @property
   def items_per_step(self) -> int:
-    return self.config.data.batch_size * self.config.data.seq_len
+    return self.typed.data.batch_size * self.typed.data.seq_len
 
   def check_mesh(self, placement: Placement) -> None:
-    placement.check_batch(self.config.data.batch_size, "data.batch_size")
-    placement.check_batch(self.config.eval.batch_size, "eval.batch_size")
-    placement.check_experts(self.config.model.ff.get("n_experts"))
+    placement.check_batch(self.typed.data.batch_size, "data.batch_size")
+    placement.check_batch(self.typed.eval.batch_size, "eval.batch_size")
+    placement.check_experts(self.typed.model.ff)
 
   def load_data(self, placement: Placement):
-    cfg = self.config.data
+    cfg = self.typed.data
     self._valid = data.load_split(cfg, "validation")
     return data.train_iterator(data.load_tokens(cfg, "train"), cfg.batch_size, cfg.seq_len,
                                placement.data_shard(cfg.batch_size))
 
   def build(self, placement: Placement):
-    return placement.create(lambda: build_model_and_optimizer(self.config))
+    return placement.create(lambda: build_model_and_optimizer(self.typed))
 
   def init_carry(self, model: TransformerLM, placement: Placement) -> XLMemory:
     return placement.create_memory(lambda: model.init_memory(self.batch_size))
@@ -96,25 +127,25 @@ class LanguageModelTask(Task):
 
   def evaluate(self, model: TransformerLM, placement: Placement) -> dict[str, float]:
     if self._evaluator is None:
-      self._evaluator = make_evaluator(self.config, model, placement)
-    return self._evaluator(model, self._valid.tokens, max_batches=self.config.eval.max_batches,
+      self._evaluator = make_evaluator(self.typed, model, placement)
+    return self._evaluator(model, self._valid.tokens, max_batches=self.typed.eval.max_batches,
                            words_per_token=self._valid.words_per_token)
 
   def evaluate_checkpoint(self, workdir: str, step: int, split: str,
                           max_batches: int | None) -> dict:
     """Restores the model sharded onto the saved config's mesh; evaluates with the saved
     `eval.mem_len`. Token (SentencePiece) datasets report perplexity per token and per word."""
-    placement = Placement(parallel.mesh_from_config(self.config.get("mesh", {})))
-    model = placement.create(lambda: build_model(self.config))
+    placement = Placement(parallel.mesh_from_config(self.typed.mesh))
+    model = placement.create(lambda: build_model(self.typed))
     checkpointer = Checkpointer(workdir)
     try:
       checkpointer.restore_params(step, model)
     finally:
       checkpointer.close()
-    loaded = data.load_split(self.config.data, split)
-    metrics = make_evaluator(self.config, model, placement)(
+    loaded = data.load_split(self.typed.data, split)
+    metrics = make_evaluator(self.typed, model, placement)(
         model, loaded.tokens, max_batches=max_batches, words_per_token=loaded.words_per_token)
-    return {"mem_len": self.config.eval.mem_len, **metrics}
+    return {"mem_len": self.typed.eval.mem_len, **metrics}
 
   def param_report(self) -> dict:
-    return model_report(self.config.model)
+    return model_report(self.typed.model)
