@@ -20,8 +20,9 @@ from ml_collections import config_flags
 
 from sparse_jax.config_overrides import switch_kinds
 from sparse_jax.parallel import mesh_from_config
-from sparse_jax.training import distributed, task_for
+from sparse_jax.training import distributed
 from sparse_jax.training.loop import format_metrics, run_task
+from sparse_jax.training.tasks import task_for
 from sparse_jax.validation import ConfigError
 
 

@@ -19,7 +19,7 @@ import jax
 
 from configs import quality_small
 from sparse_jax.models.accounting import model_report
-from sparse_jax.training import train_and_evaluate
+from sparse_jax.training.loop import train_and_evaluate
 
 # Every variant has the dense FF's 132k parameters per layer (within 1.2%, PKM).
 VARIANTS = {

@@ -13,7 +13,7 @@ from configs import e8_dense
 from sparse_jax import data
 from sparse_jax.data import enwik8, sources
 from sparse_jax.data.lm_stream import StreamSegments, train_iterator
-from sparse_jax.training import train_and_evaluate
+from sparse_jax.training.loop import train_and_evaluate
 from sparse_jax.training.evaluate_checkpoint import evaluate_checkpoint
 
 # The stream fields every `data` section has (not used by these dataset-level calls).

@@ -14,8 +14,10 @@ from hf_testing import save_roberta_directory
 from configs import spartan_rte
 from sparse_jax.finetune import methods
 from sparse_jax.finetune.backbones import build_classifier, load_tokenizer
-from sparse_jax.training import (evaluate_checkpoint, make_train_step, task_for,
-                                 train_and_evaluate)
+from sparse_jax.training import make_train_step
+from sparse_jax.training.evaluate_checkpoint import evaluate_checkpoint
+from sparse_jax.training.loop import train_and_evaluate
+from sparse_jax.training.tasks import task_for
 from sparse_jax.training.optimizer import make_optimizer
 from sparse_jax.validation import ConfigError
 

@@ -16,7 +16,9 @@ from configs import spartan_rte
 from sparse_jax import parallel
 from sparse_jax.finetune import methods
 from sparse_jax.finetune.backbones import build_classifier
-from sparse_jax.training import Checkpointer, task_for, train_and_evaluate
+from sparse_jax.training import Checkpointer
+from sparse_jax.training.loop import train_and_evaluate
+from sparse_jax.training.tasks import task_for
 
 
 @pytest.fixture

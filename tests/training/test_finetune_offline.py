@@ -6,7 +6,7 @@ import numpy as np
 
 from configs import default, spartan_stdlib
 from sparse_jax.data import classification
-from sparse_jax.training import train_and_evaluate
+from sparse_jax.training.loop import train_and_evaluate
 from sparse_jax.training.evaluate_checkpoint import evaluate_checkpoint
 
 # One package with a distinctive vocabulary (codec tables) beside three of similar Python,

@@ -22,7 +22,9 @@ from jax.sharding import PartitionSpec as P
 from training_testing import patch_step, sigterm_at, train_losses
 
 from sparse_jax import parallel
-from sparse_jax.training import loop, task_for, train_and_evaluate
+from sparse_jax.training import loop
+from sparse_jax.training.loop import train_and_evaluate
+from sparse_jax.training.tasks import task_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
