@@ -96,7 +96,7 @@ class ClassificationTask(Task):
     self.spec = self.typed.task.spec()
     self._trainable = methods.trainable_filter(self.typed.method)
     self.checkpoint_params = ParamsItem("trainable", self._trainable)
-    self._tokenizer, self._valid = None, None
+    self._tokenizer, self._valid, self._predict = None, None, None
 
   @property
   def trainable(self):
@@ -149,7 +149,9 @@ class ClassificationTask(Task):
                               f"splits); evaluate on {self.spec.eval_split!r} or submit "
                               "predictions to GLUE.")
     batch_size = self.typed.eval.batch_size
-    predict = make_predict_step(nnx.graphdef(model), placement)
+    if self._predict is None:  # Compiled once per run: every evaluation reuses it.
+      self._predict = make_predict_step(nnx.graphdef(model), placement)
+    predict = self._predict
     state, rows, preds = nnx.state(model), placement.local_rows(batch_size), []
     with jax.set_mesh(placement.mesh):
       for batch in task_batches.eval_batches(arrays, batch_size):
