@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from lm_testing import tiny_lm_config
 from training_testing import patch_step, sigterm_at, train_losses
 
 from configs import spartan_rte
@@ -21,14 +22,15 @@ from sparse_jax.training.loop import train_and_evaluate
 from sparse_jax.training.tasks import task_for
 
 
-@pytest.fixture
-def backbone_dir(tiny_config, tmp_path):
+@pytest.fixture(scope="module")
+def backbone_dir(stdlib_slice, tmp_path_factory):
   """A tiny byte LM whose MoE routing is random in training (expert dropout 0.1)."""
-  assert tiny_config.model.ff.expert_dropout > 0
-  tiny_config.train.update(steps=2, warmup_steps=1, ckpt_every=2, log_every=2)
-  workdir = str(tmp_path / "backbone")
-  train_and_evaluate(tiny_config, workdir)
-  return workdir
+  root = tmp_path_factory.mktemp("backbone")
+  config = tiny_lm_config(stdlib_slice, str(root / "tfds"))
+  assert config.model.ff.expert_dropout > 0
+  config.train.update(steps=2, warmup_steps=1, ckpt_every=2, log_every=2)
+  train_and_evaluate(config, str(root / "run"))
+  return str(root / "run")
 
 
 def finetune_config(backbone_dir, data_dir, batch_size=2):
