@@ -18,6 +18,16 @@ from sparse_jax.layers.registry import MoEConfig
 from sparse_jax.models.xl_memory import XLMemory
 
 
+def _global_array(value: jax.Array, sharding) -> jax.Array:
+  """`value` (the same on every process) as an array of `sharding`; typed PRNG keys are
+  placed through their raw key data."""
+  if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+    data = _global_array(jax.random.key_data(value), sharding)
+    return jax.random.wrap_key_data(data, impl=jax.random.key_impl(value))
+  host = np.asarray(value)
+  return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
 class Placement:
   """A mesh and the shardings of a run's arrays on it."""
 
@@ -47,9 +57,14 @@ class Placement:
     return nnx.merge(graphdef, state)
 
   def put(self, modules):
-    """Modules built eagerly (say, from pretrained weights) moved into their shardings."""
+    """Modules built eagerly (say, from pretrained weights) moved into their shardings.
+
+    Every process built the same values, so each fills its own devices' shards from its copy
+    (`jax.device_put` cannot target other processes' devices).
+    """
     graphdef, state = nnx.split(modules)
-    return nnx.merge(graphdef, jax.device_put(state, self.state_shardings(state)))
+    placed = jax.tree.map(_global_array, state, self.state_shardings(state))
+    return nnx.merge(graphdef, placed)
 
   def state_shardings(self, state):
     return parallel.state_shardings(state, self.mesh)

@@ -32,10 +32,12 @@ class Task(abc.ABC):
   rate_name: str = "items_per_second"
   #: What checkpoints hold of the model.
   checkpoint_params: ParamsItem = ParamsItem()
+  #: The schema of the whole experiment config (every section).
+  experiment: type[schema.Schema]
 
-  def __init__(self, config: ml_collections.ConfigDict, experiment: type[schema.Schema]):
+  def __init__(self, config: ml_collections.ConfigDict):
     self.config = config
-    self.typed = experiment.parse(config, "")
+    self.typed = self.experiment.parse(config, "")
 
   @property
   def trainable(self) -> nnx.filterlib.Filter:

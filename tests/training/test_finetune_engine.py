@@ -1,17 +1,21 @@
 """Fine-tuning on the shared engine: exact resume with routing randomness in the backbone, and
-device meshes equal to one device (8 simulated CPU devices).
+a device mesh (8 simulated CPU devices) and two processes equal to one device.
 
 The backbone is a tiny sigma-MoE LM pretrained here with our own trainer; it keeps expert
 dropout (drawn from the `routing` stream) and dropout (the `dropout` stream) while the memory
 and head train on GLUE RTE served offline to TFDS's real builder.
 """
 
+import os
+import subprocess
+import sys
+
 import jax
 import numpy as np
 import pytest
 from flax import nnx
 from lm_testing import tiny_lm_config
-from training_testing import patch_step, sigterm_at, train_losses
+from training_testing import free_port, patch_step, sigterm_at, train_losses
 
 from configs import spartan_rte
 from sparse_jax import parallel
@@ -20,6 +24,8 @@ from sparse_jax.finetune.backbones import build_classifier
 from sparse_jax.training import Checkpointer
 from sparse_jax.training.loop import train_and_evaluate
 from sparse_jax.training.tasks import task_for
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
@@ -70,13 +76,43 @@ def test_resume_with_routing_randomness_is_bit_identical(backbone_dir, offline_g
                saved_trainable(straight, config))
 
 
-def test_finetune_on_a_mesh_equals_one_device(backbone_dir, offline_glue, tmp_path):
+def two_processes(backbone_dir, data_dir, workdir):
+  """`train.py` on the `finetune_config` run as two gloo-connected processes of 2 CPU devices
+  (mesh data 2 x fsdp 2); returns their stdouts."""
+  overrides = [
+      "--config=configs/spartan_rte.py", "--config.backbone.kind=lm_checkpoint",
+      f"--config.backbone.path={backbone_dir}", f"--config.task.data_dir={data_dir}",
+      "--config.task.download=False", "--config.task.max_len=24",
+      "--config.method.spartan.n_parents=4", "--config.method.spartan.n_children=2",
+      "--config.method.spartan.top_k=2", "--config.train.steps=4", "--config.train.lr=1e-2",
+      "--config.train.batch_size=8", "--config.train.log_every=1", "--config.train.ckpt_every=2",
+      "--config.eval.batch_size=8", "--config.mesh.data=2", "--config.mesh.fsdp=2",
+      f"--workdir={workdir}", f"--coordinator_address=localhost:{free_port()}",
+      "--num_processes=2"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="2",
+             JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo", JAX_DISABLE_MOST_OPTIMIZATIONS="1")
+  workers = [subprocess.Popen([sys.executable, "train.py", *overrides, f"--process_id={i}"],
+                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for i in range(2)]
+  outputs = [w.communicate(timeout=600) for w in workers]
+  for worker, (_, stderr) in zip(workers, outputs):
+    assert worker.returncode == 0, stderr[-3000:]
+  return [stdout for stdout, _ in outputs]
+
+
+def test_finetune_on_a_mesh_and_two_processes_equals_one_device(backbone_dir, offline_glue,
+                                                                tmp_path):
   """Tolerances as in test_parallel_training: a mesh reorders f32 reductions only (losses
   rtol 2e-5); Adam moves parameters by about lr per step whatever the gradient's size, so
   parameters get atol 1e-3, a tenth of lr."""
   config = finetune_config(backbone_dir, str(tmp_path / "tfds"), batch_size=8)
   one = str(tmp_path / "one")
   train_and_evaluate(config, one, mesh=parallel.make_mesh((1, 1, 1)))
+  stdouts = two_processes(backbone_dir, str(tmp_path / "tfds"), str(tmp_path / "processes"))
+  assert "final" in stdouts[0] and "final" not in stdouts[1]  # process 0 reports
+  expected, got = train_losses(one), train_losses(tmp_path / "processes")
+  assert sorted(got) == [1, 2, 3, 4]
+  np.testing.assert_allclose([got[s] for s in got], [expected[s] for s in got], rtol=2e-5)
   for shape in [(2, 4, 1)]:  # data and fsdp over 8 devices
     workdir = str(tmp_path / str(shape))
     train_and_evaluate(config, workdir, mesh=parallel.make_mesh(shape))

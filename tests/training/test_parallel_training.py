@@ -10,7 +10,6 @@ gradient missing a factor from a collective).
 """
 
 import os
-import socket
 import subprocess
 import sys
 
@@ -19,7 +18,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
-from training_testing import patch_step, sigterm_at, train_losses
+from training_testing import free_port, patch_step, sigterm_at, train_losses
 
 from sparse_jax import parallel
 from sparse_jax.training import loop
@@ -98,12 +97,6 @@ def test_save_on_eight_devices_restore_on_four_and_continue(mesh_config, tmp_pat
                              rtol=2e-5)
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
-
-
 def _train_command(stdlib_slice, tmp_path, workdir):
   return [sys.executable, "train.py", f"--workdir={workdir}",
           f"--config.data.source_root={stdlib_slice}", f"--config.data.data_dir={tmp_path}/tfds",
@@ -125,7 +118,7 @@ def test_two_processes_on_loopback_train_like_one(stdlib_slice, tmp_path):
                           text=True, timeout=600)
   assert single.returncode == 0, single.stderr[-3000:]
 
-  address = f"localhost:{_free_port()}"
+  address = f"localhost:{free_port()}"
   workers = [subprocess.Popen(
       [*_train_command(stdlib_slice, tmp_path, tmp_path / "multi"),
        f"--coordinator_address={address}", "--num_processes=2", f"--process_id={i}"],

@@ -1,8 +1,10 @@
-"""Helpers shared by the training tests: reading logged losses, wrapping the train step."""
+"""Helpers shared by the training tests: reading logged losses, wrapping the train step, a
+free port for multi-process runs."""
 
 import json
 import os
 import signal
+import socket
 
 from sparse_jax.training import loop
 
@@ -39,3 +41,10 @@ def sigterm_at(stop_index):
     return outputs
 
   return after_step
+
+
+def free_port() -> int:
+  """A TCP port on localhost that nothing listens on (for a multi-process coordinator)."""
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]

@@ -90,9 +90,10 @@ class ClassificationTask(Task):
 
   name = "finetune"
   rate_name = "examples_per_second"
+  experiment = ClassificationExperiment
 
   def __init__(self, config: ml_collections.ConfigDict):
-    super().__init__(config, ClassificationExperiment)
+    super().__init__(config)
     self.spec = self.typed.task.spec()
     self._trainable = methods.trainable_filter(self.typed.method)
     self.checkpoint_params = ParamsItem("trainable", self._trainable)

@@ -75,9 +75,10 @@ class LanguageModelTask(Task):
   """Next-token prediction; the loss is the mean cross-entropy plus the FF regularisers."""
 
   rate_name = "tokens_per_second"
+  experiment = LMExperiment
 
   def __init__(self, config: ml_collections.ConfigDict):
-    super().__init__(config, LMExperiment)
+    super().__init__(config)
     self.unit = self.typed.data.spec().unit
     self._valid, self._evaluator = None, None
 
