@@ -19,7 +19,6 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from sparse_jax.config_overrides import switch_kinds
-from sparse_jax.parallel import mesh_from_config
 from sparse_jax.training import distributed
 from sparse_jax.training.loop import format_metrics, run_task
 from sparse_jax.training.tasks import task_for
@@ -101,7 +100,7 @@ def main(argv):
     if _PRINT_PARAMS.value:
       _print_report(task.param_report())
       return
-    final = run_task(task, workdir, mesh_from_config(task.typed.mesh))
+    final = run_task(task, workdir)
   except (ConfigError, FileNotFoundError) as e:
     sys.exit(f"train.py: {e}")
   if jax.process_index() == 0:

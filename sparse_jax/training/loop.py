@@ -138,8 +138,11 @@ class Run:
       self.writer.close()
 
 
-def run_task(task: Task, workdir: str, mesh: Mesh) -> dict[str, float]:
-  """Trains `task` in `workdir` on `mesh` (see `train_and_evaluate`)."""
+def run_task(task: Task, workdir: str, mesh: Mesh | None = None) -> dict[str, float]:
+  """Trains `task` in `workdir` on `mesh` (default: its config's `mesh` section over this
+  job's devices); see `train_and_evaluate`."""
+  if mesh is None:
+    mesh = parallel.mesh_from_config(task.typed.mesh)
   train_cfg = task.typed.train
   run = Run(task, workdir, mesh)
   step, window = run.start, MetricsWindow(run.start)
@@ -180,7 +183,4 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   steps and at the end, checkpoints every `train.ckpt_every` steps, at the end and on
   SIGTERM/SIGINT.
   """
-  task = task_for(config)
-  if mesh is None:
-    mesh = parallel.mesh_from_config(task.typed.mesh)
-  return run_task(task, workdir, mesh)
+  return run_task(task_for(config), workdir, mesh)
