@@ -28,54 +28,77 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import blocked
-from pallas_kernels import dispatch
-from pallas_kernels import forward_kernel
+from pallas_kernels import gather_oracle
+from pallas_kernels import mosaic_matmul
+from pallas_kernels import mosaic_weight_grad
 from pallas_kernels import ragged
-from pallas_kernels import reference
-from pallas_kernels import weight_grad_kernel
+from pallas_kernels import slot_layout
+from pallas_kernels import triton_matmul
+from pallas_kernels import triton_weight_grad
 
-IMPLS = ("auto", "pallas", "blocked", "ragged", "gather")
+IMPLS = ("auto", "pallas", "mosaic", "blocked", "ragged", "tokamax", "gather")
 
 
 @dataclasses.dataclass(frozen=True)
 class _Backend:
   """One grouped-matmul implementation (see the module docstring)."""
-  make_layout: Callable[..., dispatch.SlotLayout]
+  make_layout: Callable[..., slot_layout.SlotLayout]
   matmul: Callable[..., jax.Array]
   weight_grad: Callable[..., jax.Array]
 
 
-def _sorted_layout(sel_s, num_experts, size_m, size_l, dtype) -> dispatch.SlotLayout:
-  """The unpadded layout of the pallas and ragged impls (no block size involved)."""
-  del size_m, size_l, dtype
-  return dispatch.sorted_layout(sel_s, num_experts)
-
-
-def _pallas_matmul(layout, x_rm, w_eml, *, transpose, out_dtype, interpret):
+def _triton_matmul(layout, x_rm, w_eml, *, transpose, out_dtype, interpret):
   """Forward kernel; on w^T (materialised, E*M*L elements) for the input gradient."""
   w_emx = jnp.swapaxes(w_eml, 1, 2) if transpose else w_eml
-  return forward_kernel.segment_matmul(x_rm, w_emx, layout.groups, out_dtype=out_dtype,
-                                       interpret=interpret)
+  return triton_matmul.segment_matmul(x_rm, w_emx, layout.groups, out_dtype=out_dtype,
+                                      interpret=interpret)
 
 
-def _pallas_weight_grad(layout, x_rm, dy_rl, *, num_experts, out_dtype, interpret):
+def _triton_weight_grad(layout, x_rm, dy_rl, *, num_experts, out_dtype, interpret):
   del num_experts  # The groups table has one entry per expert.
-  return weight_grad_kernel.weight_grad(x_rm, dy_rl, layout.groups, out_dtype=out_dtype,
+  return triton_weight_grad.weight_grad(x_rm, dy_rl, layout.groups, out_dtype=out_dtype,
                                         interpret=interpret)
 
 
-def _pallas_backend(interpret: bool) -> _Backend:
-  return _Backend(_sorted_layout,
-                  functools.partial(_pallas_matmul, interpret=interpret),
-                  functools.partial(_pallas_weight_grad, interpret=interpret))
+def _triton_backend(interpret: bool) -> _Backend:
+  return _Backend(slot_layout.sorted_layout,
+                  functools.partial(_triton_matmul, interpret=interpret),
+                  functools.partial(_triton_weight_grad, interpret=interpret))
+
+
+def _mosaic_matmul(layout, x_rm, w_eml, *, transpose, out_dtype):
+  """Forward kernel; reads w [E, M, L] transposed in shared memory for the input gradient."""
+  return mosaic_matmul.segment_matmul(x_rm, w_eml, layout.groups, transpose_w=transpose,
+                                      out_dtype=out_dtype)
+
+
+def _mosaic_weight_grad(layout, x_rm, dy_rl, *, num_experts, out_dtype):
+  del num_experts  # The groups table has one entry per expert.
+  return mosaic_weight_grad.weight_grad(x_rm, dy_rl, layout.groups, out_dtype=out_dtype)
+
+
+def _ragged_backend(library) -> _Backend:
+  return _Backend(slot_layout.sorted_layout,
+                  functools.partial(ragged.matmul, library=library),
+                  functools.partial(ragged.weight_grad, library=library))
 
 
 _BACKENDS = {
-    "pallas_triton": _pallas_backend(interpret=False),
-    "pallas_interpret": _pallas_backend(interpret=True),
+    "pallas_triton": _triton_backend(interpret=False),
+    "pallas_interpret": _triton_backend(interpret=True),
+    "mosaic": _Backend(slot_layout.sorted_layout, _mosaic_matmul, _mosaic_weight_grad),
     "blocked": _Backend(blocked.make_layout, blocked.matmul, blocked.weight_grad),
-    "ragged": _Backend(_sorted_layout, ragged.matmul, ragged.weight_grad),
+    "ragged": _ragged_backend(jax.lax),
 }
+
+
+def _backend(impl: str) -> _Backend:
+  """The backend of a resolved impl (tokamax is imported here, only when asked for)."""
+  if impl == "pallas":
+    return _BACKENDS["pallas_triton" if targets_gpu() else "pallas_interpret"]
+  if impl == "tokamax":
+    return _ragged_backend(ragged.import_tokamax())
+  return _BACKENDS[impl]
 
 
 def targets_gpu() -> bool:
@@ -86,17 +109,17 @@ def targets_gpu() -> bool:
   return jax.default_backend() == "gpu" or getattr(device, "platform", None) == "gpu"
 
 
-def _rows_from_tokens(values_n: jax.Array, layout: dispatch.SlotLayout, k: int) -> jax.Array:
+def _rows_from_tokens(values_n: jax.Array, layout: slot_layout.SlotLayout, k: int) -> jax.Array:
   """Row r of the layout takes token row (slot // k); padding rows get zeros."""
   return jnp.take(values_n, layout.row_slot_r // k, axis=0, mode="fill", fill_value=0)
 
 
-def _rows_from_slots(values_s: jax.Array, layout: dispatch.SlotLayout) -> jax.Array:
+def _rows_from_slots(values_s: jax.Array, layout: slot_layout.SlotLayout) -> jax.Array:
   """Row r of the layout takes slot row_slot[r]; padding rows get zeros."""
   return jnp.take(values_s, layout.row_slot_r, axis=0, mode="fill", fill_value=0)
 
 
-def _layout_x_rows(x: jax.Array, layout: dispatch.SlotLayout, k: int) -> jax.Array:
+def _layout_x_rows(x: jax.Array, layout: slot_layout.SlotLayout, k: int) -> jax.Array:
   if x.ndim == 2:
     return _rows_from_tokens(x, layout, k)
   return _rows_from_slots(x.reshape(-1, x.shape[-1]), layout)
@@ -111,7 +134,7 @@ def _grouped_cvmm(backend, x, sel_nk, w_eml, gates_nk):
 def _grouped_cvmm_fwd(backend, x, sel_nk, w_eml, gates_nk):
   n, k = sel_nk.shape
   num_experts, size_m, size_l = w_eml.shape
-  layout = backend.make_layout(sel_nk.reshape(-1), num_experts, size_m, size_l, x.dtype)
+  layout = backend.make_layout(sel_nk.reshape(-1), num_experts)
   x_rm = _layout_x_rows(x, layout, k)
   z_dtype = x.dtype if gates_nk is None else jnp.float32
   z_rl = backend.matmul(layout, x_rm, w_eml, transpose=False, out_dtype=z_dtype)
@@ -198,9 +221,11 @@ def cvmm(x: jax.Array, sel: jax.Array, w: jax.Array, gates: jax.Array | None = N
     sel: [N, k] integer expert ids in [0, E) (ids outside are clipped, as indexing would).
     w: [E, M, L] expert weights, same dtype as x (float32 or bfloat16).
     gates: optional [N, k] weights of the k slots, summed into one output row per token.
-    impl: "pallas" (Triton kernels on GPU, interpret mode elsewhere), "blocked" (padded
-      blocks + batched matmul in XLA), "ragged" (jax.lax.ragged_dot), "gather" (the w[sel]
-      oracle) or "auto" (pallas on GPU, blocked elsewhere).
+    impl: "pallas" (Triton kernels on GPU, interpret mode elsewhere), "mosaic" (Mosaic GPU
+      kernels for Hopper; 16-bit dtypes, M and L multiples of 64), "blocked" (padded blocks +
+      batched matmul in XLA), "ragged" (jax.lax.ragged_dot), "tokamax" (tokamax.ragged_dot,
+      if installed), "gather" (the w[sel] oracle) or "auto" (pallas on GPU, blocked
+      elsewhere).
 
   Returns:
     [N, k, L] without gates, [N, L] with gates, in the dtype of x (f32 accumulation).
@@ -210,9 +235,10 @@ def cvmm(x: jax.Array, sel: jax.Array, w: jax.Array, gates: jax.Array | None = N
   impl = _resolve_impl(impl)
   sel = jnp.clip(sel, 0, w.shape[0] - 1).astype(jnp.int32)
   if impl == "gather" or sel.size == 0:
-    return reference.cvmm_gather(x, sel, w, gates)
-  if impl == "pallas":
-    backend = _BACKENDS["pallas_triton" if targets_gpu() else "pallas_interpret"]
-  else:
-    backend = _BACKENDS[impl]
-  return _grouped_cvmm(backend, x, sel, w, gates)
+    return gather_oracle.cvmm_gather(x, sel, w, gates)
+  if impl == "mosaic":
+    if not targets_gpu():
+      raise ValueError("impl='mosaic' runs on NVIDIA Hopper GPUs only (wgmma and TMA have no "
+                       "interpret mode): use impl='pallas' or 'blocked' here")
+    mosaic_matmul.check_problem(x.dtype, M=w.shape[1], L=w.shape[2])
+  return _grouped_cvmm(_backend(impl), x, sel, w, gates)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pallas_kernels import cvmm
-from cvmm_testing import CASES, IMPLS, assert_close, make_inputs, oracle, oracle_vjp
+from cvmm_testing import assert_close, impl_cases, make_inputs, oracle, oracle_vjp
 
 
 def _vjp(x, sel, w, gates, cotangent, impl):
@@ -18,8 +18,7 @@ def _vjp(x, sel, w, gates, cotangent, impl):
 _vjp_jit = jax.jit(_vjp, static_argnames="impl")
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("case, impl", impl_cases())
 def test_gradients_match_float64_oracle(case, impl):
   x, sel, w, gates, cotangent = make_inputs(case, seed=1)
   dx, dw, dgates = _vjp_jit(x, sel, w, gates, cotangent, impl=impl)

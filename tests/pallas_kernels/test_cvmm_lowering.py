@@ -1,8 +1,9 @@
-"""The Pallas kernels lower to Triton at the paper's shapes, checked on CPU.
+"""The Pallas kernels lower for an H100 at the paper's shapes, checked on CPU.
 
-Tracing inside an abstract mesh whose device is an H100 makes `cvmm(impl="auto")` pick the
-Triton kernels, and `lower(lowering_platforms=("cuda",))` runs the Pallas -> Triton lowering
-(block shapes, dot operand sizes, masks) without a GPU. Shapes only: no data is created.
+Tracing inside an abstract mesh whose device is an H100 makes `cvmm` pick the GPU kernels
+(`impl="auto"`: Triton; `impl="mosaic"`: Mosaic GPU), and `lower(lowering_platforms=("cuda",))`
+runs the Pallas -> Triton and Pallas -> Mosaic GPU lowerings (block shapes, dot operand
+sizes, pipelines, masks) without a GPU. Shapes only: no data is created.
 """
 
 import re
@@ -17,27 +18,51 @@ from pallas_kernels import cvmm
 TOKENS, D_MODEL, GROUP, K, EXPERTS = 32768, 512, 128, 4, 32
 _H100 = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice(
     device_kind="NVIDIA H100 80GB HBM3", num_cores=132, platform="gpu"))
+_TRITON_CALL = r"custom_call @__gpu\$xla\.gpu\.triton"
+_MOSAIC_CALL = r"custom_call @mosaic_gpu_v2"
 
 
-def _moe_loss(x_nd, sel_nk, gates_nk, w1_edg, w2_egd):
+def _moe_loss(x_nd, sel_nk, gates_nk, w1_edg, w2_egd, impl):
   """sigma-MoE layer: up projection with shared token rows, ReLU, gated down projection."""
-  h_nkg = jax.nn.relu(cvmm(x_nd, sel_nk, w1_edg))
-  return jnp.sum(cvmm(h_nkg, sel_nk, w2_egd, gates_nk).astype(jnp.float32))
+  h_nkg = jax.nn.relu(cvmm(x_nd, sel_nk, w1_edg, impl=impl))
+  return jnp.sum(cvmm(h_nkg, sel_nk, w2_egd, gates_nk, impl=impl).astype(jnp.float32))
+
+
+def _lowered_train_step(dtype, impl: str, d_model: int = D_MODEL) -> str:
+  """StableHLO text of the MoE layer's value and gradients (x, gates, both weights)."""
+  shapes = (jax.ShapeDtypeStruct((TOKENS, d_model), dtype),
+            jax.ShapeDtypeStruct((TOKENS, K), jnp.int32),
+            jax.ShapeDtypeStruct((TOKENS, K), dtype),
+            jax.ShapeDtypeStruct((EXPERTS, d_model, GROUP), dtype),
+            jax.ShapeDtypeStruct((EXPERTS, GROUP, d_model), dtype))
+  train_step = jax.value_and_grad(_moe_loss, argnums=(0, 2, 3, 4))
+  with jax.sharding.use_abstract_mesh(_H100):
+    traced = jax.jit(train_step, static_argnums=5).trace(*shapes, impl)
+    return traced.lower(lowering_platforms=("cuda",)).as_text()
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
 def test_forward_and_backward_lower_to_triton(dtype):
-  shapes = (jax.ShapeDtypeStruct((TOKENS, D_MODEL), dtype),
-            jax.ShapeDtypeStruct((TOKENS, K), jnp.int32),
-            jax.ShapeDtypeStruct((TOKENS, K), dtype),
-            jax.ShapeDtypeStruct((EXPERTS, D_MODEL, GROUP), dtype),
-            jax.ShapeDtypeStruct((EXPERTS, GROUP, D_MODEL), dtype))
-  train_step = jax.value_and_grad(_moe_loss, argnums=(0, 2, 3, 4))
-  with jax.sharding.use_abstract_mesh(_H100):
-    hlo = jax.jit(train_step).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
-  triton_calls = re.findall(r"custom_call @__gpu\$xla\.gpu\.triton", hlo)
+  hlo = _lowered_train_step(dtype, "auto")
   # Forward of 2 cvmms, input gradient of 2, weight gradient of 2 (identical kernels may be
   # shared as one private function, so count distinct kernels by name as well).
-  assert len(triton_calls) >= 4, hlo[:2000]
+  assert len(re.findall(_TRITON_CALL, hlo)) >= 4, hlo[:2000]
   assert "cvmm_segment_matmul" in hlo and "cvmm_weight_grad" in hlo
-  assert "mosaic" not in hlo.lower(), "the kernels must go to Triton, not Mosaic GPU"
+  assert not re.search(_MOSAIC_CALL, hlo), "auto must keep the Triton kernels"
+
+
+@pytest.mark.parametrize("d_model", [512, 1024])
+def test_forward_and_backward_lower_to_mosaic_gpu(d_model):
+  hlo = _lowered_train_step(jnp.bfloat16, "mosaic", d_model)
+  # Two forward matmuls, two input gradients (on w read transposed) and two weight gradients;
+  # only the XLA glue (sort, gathers) is left outside the kernels.
+  assert len(re.findall(_MOSAIC_CALL, hlo)) == 6, hlo[:2000]
+  assert not re.search(_TRITON_CALL, hlo)
+  assert not re.search(r"stablehlo\.(dot_general|ragged_dot)", hlo), "a matmul left in XLA"
+
+
+def test_mosaic_refuses_float32_and_odd_sizes():
+  with pytest.raises(ValueError, match="use impl='pallas' for float32"):
+    _lowered_train_step(jnp.float32, "mosaic")
+  with pytest.raises(ValueError, match="needs M to be a multiple of 64, got 552"):
+    _lowered_train_step(jnp.bfloat16, "mosaic", d_model=552)

@@ -7,13 +7,12 @@ import numpy as np
 import pytest
 
 from pallas_kernels import cvmm
-from cvmm_testing import CASES, IMPLS, assert_close, make_inputs, oracle
+from cvmm_testing import CASES, assert_close, impl_cases, make_inputs, oracle
 
 _cvmm_jit = jax.jit(cvmm, static_argnames="impl")
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("case, impl", impl_cases())
 def test_forward_matches_float64_oracle(case, impl):
   x, sel, w, gates, _ = make_inputs(case)
   y = _cvmm_jit(x, sel, w, gates, impl=impl)
@@ -21,10 +20,18 @@ def test_forward_matches_float64_oracle(case, impl):
   assert_close(y, oracle(x, sel, w, gates), case.dtype, f"{impl} y")
 
 
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="auto is pallas on a GPU")
 def test_auto_is_blocked_off_gpu():
   x, sel, w, gates, _ = make_inputs(CASES[1])
   auto = cvmm(x, sel, w, gates)
   np.testing.assert_array_equal(auto, cvmm(x, sel, w, gates, impl="blocked"))
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="checks the CPU refusal")
+def test_mosaic_off_gpu_says_where_it_runs():
+  x, sel, w, gates, _ = make_inputs(CASES[1])
+  with pytest.raises(ValueError, match="impl='mosaic' runs on NVIDIA Hopper GPUs only"):
+    cvmm(x, sel, w, gates, impl="mosaic")
 
 
 _GOOD = dict(x=np.ones((4, 8), np.float32), sel=np.zeros((4, 2), np.int32),

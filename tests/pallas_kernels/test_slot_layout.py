@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from pallas_kernels import blocked, dispatch
+from pallas_kernels import blocked, slot_layout
 
 
 def _routing(n_slots, experts, seed):
@@ -21,8 +21,8 @@ def _routing(n_slots, experts, seed):
 @pytest.mark.parametrize("n_slots, experts, block_rows", [(1, 1, 16), (37, 5, 16), (600, 16, 64)])
 def test_segments_cover_rows_once_within_one_tile_and_one_expert(n_slots, experts, block_rows):
   sel = _routing(n_slots, experts, seed=n_slots)
-  order, rank, groups = jax.jit(dispatch.sort_slots, static_argnums=1)(sel, experts)
-  table = jax.jit(dispatch.segment_table, static_argnums=(1, 2))(groups, n_slots, block_rows)
+  order, rank, groups = jax.jit(slot_layout.sort_slots, static_argnums=1)(sel, experts)
+  table = jax.jit(slot_layout.segment_table, static_argnums=(1, 2))(groups, n_slots, block_rows)
   starts, ends, seg_experts = map(np.asarray, table)
   assert len(starts) == -(-n_slots // block_rows) + experts
   covered = np.zeros(n_slots, int)

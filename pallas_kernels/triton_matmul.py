@@ -1,15 +1,18 @@
-"""Pallas (Triton) kernel: rows sorted by expert times their expert's weight matrix.
+"""Pallas Triton kernel: rows sorted by expert times their expert's weight matrix.
 
     out[r] = x[r] @ w[e(r)]      x [S, M] rows grouped by expert, w [E, M, L], out [S, L]
 
 Used for the CVMM forward pass and, on the transposed weights, for the input gradient.
-The grid is (segment, column tile). A segment (dispatch.SegmentTable) is a run of rows of a
+The grid is (segment, column tile). A segment (slot_layout.SegmentTable) is a run of rows of a
 single expert inside one `rows`-row tile, so a program loads one row tile and loops over the
 contracted dimension M with weight tiles of exactly one expert, unlike the reference kernel,
 which loops over every expert id a tile straddles. Tables are ordinary inputs (scalar
 prefetch is TPU-only); rows, columns and M are masked, so no size has to be a power of 2.
+Block sizes come from `matmul_blocks` below, a rule on (rows, M, L, dtype) passed to the
+kernel as static arguments; it has not been tuned on a GPU yet.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -18,8 +21,37 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels import block_table
-from pallas_kernels import dispatch
+from pallas_kernels import slot_layout
+
+_MIN_DOT_BLOCK = 16  # Triton's tl.dot needs power-of-2 operands of at least 16.
+
+
+@dataclasses.dataclass(frozen=True)
+class MatmulBlocks:
+  """Tiles of one program: `rows` sorted rows (the tile a segment lives in) by `cols` output
+  columns, looping over the contracted dimension `inner` columns at a time."""
+  rows: int
+  cols: int
+  inner: int
+  num_warps: int = 4
+  num_stages: int = 3
+
+
+def pow2_block(block: int, extent: int) -> int:
+  """`block`, shrunk to the smallest power of 2 >= max(extent, 16) when the problem is
+  smaller, so tiny test shapes stay cheap."""
+  covering = _MIN_DOT_BLOCK
+  while covering < extent:
+    covering *= 2
+  return min(block, covering)
+
+
+def matmul_blocks(num_rows: int, m: int, l: int, dtype) -> MatmulBlocks:
+  """Tiles for out[S, L] = x[S, M] @ w[e][M, L]: 64 rows; 128 x 64 (16-bit) or 64 x 32
+  (f32, whose tiles take twice the shared memory) output columns x contracted columns."""
+  wide = jnp.dtype(dtype).itemsize >= 4
+  return MatmulBlocks(rows=pow2_block(64, num_rows), cols=pow2_block(64 if wide else 128, l),
+                      inner=pow2_block(32 if wide else 64, m))
 
 
 def triton_compiler_params(num_warps: int, num_stages: int):
@@ -37,7 +69,7 @@ def dot_precision(dtype) -> lax.Precision:
 
 
 def _segment_matmul_kernel(starts_ref, ends_ref, experts_ref, x_ref, w_ref, out_ref, *,
-                           blocks: block_table.MatmulBlocks):
+                           blocks: MatmulBlocks):
   """One program: out[start:end, col tile] = x[start:end] @ w[expert][:, col tile]."""
   segment, col_tile = pl.program_id(0), pl.program_id(1)
   start, end, expert = starts_ref[segment], ends_ref[segment], experts_ref[segment]
@@ -69,13 +101,13 @@ def _segment_matmul_kernel(starts_ref, ends_ref, experts_ref, x_ref, w_ref, out_
 
 
 @functools.partial(jax.jit, static_argnames=("out_dtype", "interpret"))
-def segment_matmul(x_sm: jax.Array, w_eml: jax.Array, groups: dispatch.ExpertGroups, *,
+def segment_matmul(x_sm: jax.Array, w_eml: jax.Array, groups: slot_layout.ExpertGroups, *,
                    out_dtype, interpret: bool) -> jax.Array:
   """out[S, L] = x[r] @ w[expert of row r] for rows grouped by expert as `groups` says."""
   num_rows, size_m = x_sm.shape
   size_l = w_eml.shape[2]
-  blocks = block_table.matmul_blocks(num_rows, size_m, size_l, x_sm.dtype)
-  table = dispatch.segment_table(groups, num_rows, blocks.rows)
+  blocks = matmul_blocks(num_rows, size_m, size_l, x_sm.dtype)
+  table = slot_layout.segment_table(groups, num_rows, blocks.rows)
   return pl.pallas_call(
       functools.partial(_segment_matmul_kernel, blocks=blocks),
       out_shape=jax.ShapeDtypeStruct((num_rows, size_l), out_dtype),

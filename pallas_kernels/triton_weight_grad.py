@@ -1,4 +1,4 @@
-"""Pallas (Triton) kernel: the CVMM weight gradient, one expert per program row.
+"""Pallas Triton kernel: the CVMM weight gradient, one expert per program row.
 
     dw[e] = x_e^T @ dy_e      x [S, M], dy [S, L] rows grouped by expert, dw [E, M, L]
 
@@ -8,6 +8,7 @@ shared between programs, so the result is deterministic without atomics (the ref
 kernel uses atomic adds), and an expert with no rows runs zero iterations: a zero gradient.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -16,13 +17,31 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels import block_table
-from pallas_kernels import dispatch
-from pallas_kernels.forward_kernel import dot_precision, triton_compiler_params
+from pallas_kernels import slot_layout
+from pallas_kernels.triton_matmul import dot_precision, pow2_block, triton_compiler_params
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightGradBlocks:
+  """Tiles of one program: dW[e] tile [rows_m, cols], accumulated over the expert's rows
+  `inner` rows at a time."""
+  rows_m: int
+  cols: int
+  inner: int
+  num_warps: int = 4
+  num_stages: int = 3
+
+
+def weight_grad_blocks(num_rows: int, m: int, l: int, dtype) -> WeightGradBlocks:
+  """Tiles for dW[e][M, L] = x_e^T @ dy_e: 64 rows of M by 128 (16-bit) or 64 (f32) columns
+  of L, 64 (16-bit) or 32 (f32) slot rows per step (not tuned on a GPU yet)."""
+  wide = jnp.dtype(dtype).itemsize >= 4
+  return WeightGradBlocks(rows_m=pow2_block(64, m), cols=pow2_block(64 if wide else 128, l),
+                          inner=pow2_block(32 if wide else 64, num_rows))
 
 
 def _weight_grad_kernel(starts_ref, sizes_ref, x_ref, dy_ref, dw_ref, *,
-                        blocks: block_table.WeightGradBlocks):
+                        blocks: WeightGradBlocks):
   """One program: dw[expert][m tile, l tile] = sum over the expert's rows of x^T dy."""
   expert, m_tile, l_tile = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   start, size = starts_ref[expert], sizes_ref[expert]
@@ -49,13 +68,13 @@ def _weight_grad_kernel(starts_ref, sizes_ref, x_ref, dy_ref, dw_ref, *,
 
 
 @functools.partial(jax.jit, static_argnames=("out_dtype", "interpret"))
-def weight_grad(x_sm: jax.Array, dy_sl: jax.Array, groups: dispatch.ExpertGroups, *,
+def weight_grad(x_sm: jax.Array, dy_sl: jax.Array, groups: slot_layout.ExpertGroups, *,
                 out_dtype, interpret: bool) -> jax.Array:
   """dw[E, M, L] from rows grouped by expert (`groups`); zero for experts without rows."""
   num_rows, size_m = x_sm.shape
   size_l = dy_sl.shape[1]
   num_experts = groups.starts_e.shape[0]
-  blocks = block_table.weight_grad_blocks(num_rows, size_m, size_l, x_sm.dtype)
+  blocks = weight_grad_blocks(num_rows, size_m, size_l, x_sm.dtype)
   return pl.pallas_call(
       functools.partial(_weight_grad_kernel, blocks=blocks),
       out_shape=jax.ShapeDtypeStruct((num_experts, size_m, size_l), out_dtype),
