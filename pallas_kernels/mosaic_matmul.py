@@ -141,15 +141,15 @@ def _segment_matmul_body(starts_ref, ends_ref, experts_ref, x_ref, w_ref, out_re
                  col_slice=pl.ds(col_tile * blocks.cols, blocks.cols))
 
 
-@functools.partial(jax.jit, static_argnames=("transpose_w", "out_dtype"))
+@functools.partial(jax.jit, static_argnames=("transpose_w", "out_dtype", "blocks"))
 def segment_matmul(x_sk: jax.Array, w: jax.Array, groups: slot_layout.ExpertGroups, *,
-                   transpose_w: bool, out_dtype) -> jax.Array:
+                   transpose_w: bool, out_dtype, blocks: MatmulBlocks | None = None) -> jax.Array:
   """out[S, N] = x[r] @ w[e(r)] (w [E, K, N]) or x[r] @ w[e(r)]^T (w [E, N, K], transpose_w)
-  for rows grouped by expert as `groups` says."""
+  for rows grouped by expert as `groups` says (tiles: `blocks`, default `matmul_blocks`)."""
   num_rows, size_k = x_sk.shape
   size_n = w.shape[1] if transpose_w else w.shape[2]
   check_problem(x_sk.dtype, K=size_k, N=size_n)
-  blocks = matmul_blocks(size_k, size_n)
+  blocks = blocks or matmul_blocks(size_k, size_n)
   padded_rows = max(num_rows, blocks.rows)  # A tile may not be larger than the array.
   x_sk = jnp.pad(x_sk, ((0, padded_rows - num_rows), (0, 0)))
   table = slot_layout.segment_table(groups, num_rows, blocks.rows)

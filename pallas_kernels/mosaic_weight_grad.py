@@ -114,14 +114,15 @@ def _weight_grad_body(starts_ref, sizes_ref, x_ref, dy_ref, dw_ref, *, blocks: W
                                     transforms=_swizzled(blocks.cols, dw_ref.dtype)))
 
 
-@functools.partial(jax.jit, static_argnames=("out_dtype",))
+@functools.partial(jax.jit, static_argnames=("out_dtype", "blocks"))
 def weight_grad(x_sm: jax.Array, dy_sl: jax.Array, groups: slot_layout.ExpertGroups, *,
-                out_dtype) -> jax.Array:
-  """dw[E, M, L] from rows grouped by expert (`groups`); zero for experts without rows."""
+                out_dtype, blocks: WeightGradBlocks | None = None) -> jax.Array:
+  """dw[E, M, L] from rows grouped by expert (`groups`); zero for experts without rows
+  (tiles: `blocks`, default `weight_grad_blocks`)."""
   num_rows, size_m = x_sm.shape
   size_l = dy_sl.shape[1]
   check_problem(x_sm.dtype, M=size_m, L=size_l)
-  blocks = weight_grad_blocks(size_m, size_l)
+  blocks = blocks or weight_grad_blocks(size_m, size_l)
   padded_rows = max(num_rows, blocks.inner)  # A tile may not be larger than the array.
   x_sm = jnp.pad(x_sm, ((0, padded_rows - num_rows), (0, 0)))
   dy_sl = jnp.pad(dy_sl, ((0, padded_rows - num_rows), (0, 0)))

@@ -100,13 +100,14 @@ def _segment_matmul_kernel(starts_ref, ends_ref, experts_ref, x_ref, w_ref, out_
                 acc_rc.astype(out_ref.dtype), mask=row_mask_r[:, None] & col_mask_c[None, :])
 
 
-@functools.partial(jax.jit, static_argnames=("out_dtype", "interpret"))
+@functools.partial(jax.jit, static_argnames=("out_dtype", "interpret", "blocks"))
 def segment_matmul(x_sm: jax.Array, w_eml: jax.Array, groups: slot_layout.ExpertGroups, *,
-                   out_dtype, interpret: bool) -> jax.Array:
-  """out[S, L] = x[r] @ w[expert of row r] for rows grouped by expert as `groups` says."""
+                   out_dtype, interpret: bool, blocks: MatmulBlocks | None = None) -> jax.Array:
+  """out[S, L] = x[r] @ w[expert of row r] for rows grouped by expert as `groups` says
+  (tiles: `blocks`, default `matmul_blocks`)."""
   num_rows, size_m = x_sm.shape
   size_l = w_eml.shape[2]
-  blocks = matmul_blocks(num_rows, size_m, size_l, x_sm.dtype)
+  blocks = blocks or matmul_blocks(num_rows, size_m, size_l, x_sm.dtype)
   table = slot_layout.segment_table(groups, num_rows, blocks.rows)
   return pl.pallas_call(
       functools.partial(_segment_matmul_kernel, blocks=blocks),

@@ -67,14 +67,15 @@ def _weight_grad_kernel(starts_ref, sizes_ref, x_ref, dy_ref, dw_ref, *,
               acc_ml.astype(dw_ref.dtype), mask=m_mask[:, None] & l_mask[None, :])
 
 
-@functools.partial(jax.jit, static_argnames=("out_dtype", "interpret"))
+@functools.partial(jax.jit, static_argnames=("out_dtype", "interpret", "blocks"))
 def weight_grad(x_sm: jax.Array, dy_sl: jax.Array, groups: slot_layout.ExpertGroups, *,
-                out_dtype, interpret: bool) -> jax.Array:
-  """dw[E, M, L] from rows grouped by expert (`groups`); zero for experts without rows."""
+                out_dtype, interpret: bool, blocks: WeightGradBlocks | None = None) -> jax.Array:
+  """dw[E, M, L] from rows grouped by expert (`groups`); zero for experts without rows
+  (tiles: `blocks`, default `weight_grad_blocks`)."""
   num_rows, size_m = x_sm.shape
   size_l = dy_sl.shape[1]
   num_experts = groups.starts_e.shape[0]
-  blocks = weight_grad_blocks(num_rows, size_m, size_l, x_sm.dtype)
+  blocks = blocks or weight_grad_blocks(num_rows, size_m, size_l, x_sm.dtype)
   return pl.pallas_call(
       functools.partial(_weight_grad_kernel, blocks=blocks),
       out_shape=jax.ShapeDtypeStruct((num_experts, size_m, size_l), out_dtype),

@@ -1,0 +1,155 @@
+"""Block-size sweep of the Pallas cvmm kernels (Triton and Mosaic GPU) on a GPU.
+
+    python -m benchmarks.tune_blocks --out DIR [--tokens 32768 --d_model 1024 --experts 128]
+
+Times each kernel alone (forward, input gradient, weight gradient) for the sigma-MoE up
+projection (K = d_model, N = G) and down projection (K = G, N = d_model), bf16, uniform
+random top-K routing, over a small grid of tile shapes, and reports per kernel and
+projection the default tiles' time, the best tiles and their time. Tiles that do not fit
+(shared memory, registers) fail to compile and are recorded as errors. The defaults live
+beside each kernel (`matmul_blocks`, `weight_grad_blocks`); this script only measures.
+`--smoke` runs tiny shapes on CPU (Triton in interpret mode; Mosaic GPU cannot run there).
+"""
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_kernels import mosaic_matmul, mosaic_weight_grad, slot_layout, triton_matmul
+from pallas_kernels import triton_weight_grad
+
+_TRITON_MATMUL = [triton_matmul.MatmulBlocks(rows, cols, inner, num_warps=4, num_stages=stages)
+                  for rows, cols, inner, stages in itertools.product(
+                      (64, 128), (64, 128), (32, 64), (3, 4))]
+_TRITON_WEIGHT_GRAD = [triton_weight_grad.WeightGradBlocks(rows_m, cols, inner)
+                       for rows_m, cols, inner in itertools.product((64, 128), (64, 128), (32, 64))]
+_MOSAIC_MATMUL = [mosaic_matmul.MatmulBlocks(rows, cols, 64, stages)
+                  for rows, cols, stages in itertools.product((64, 128), (64, 128, 256), (2, 3, 4, 5))]
+_MOSAIC_WEIGHT_GRAD = [mosaic_weight_grad.WeightGradBlocks(rows_m, cols, inner, stages)
+                       for rows_m, cols, inner, stages in itertools.product(
+                           (64, 128), (64, 128), (64, 128), (2, 3, 4))]
+
+
+def _parse(argv):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", required=True, help="directory for tune_blocks.json")
+  parser.add_argument("--tokens", type=int, default=32768)
+  parser.add_argument("--d_model", type=int, default=1024)
+  parser.add_argument("--group", type=int, default=128, help="expert size G")
+  parser.add_argument("--k", type=int, default=4)
+  parser.add_argument("--experts", type=int, default=128)
+  parser.add_argument("--repeats", type=int, default=10)
+  parser.add_argument("--smoke", action="store_true", help="tiny shapes, CPU, 2 tiles each")
+  return parser.parse_args(argv)
+
+
+def _problem(tokens, k, experts, size_k, size_n, seed=0):
+  """Rows sorted by expert (x [S, K], dy [S, N]), both weight layouts and the groups."""
+  rng = np.random.default_rng(seed)
+  sel_s = np.argsort(rng.random((tokens, experts)), axis=1)[:, :k].reshape(-1)
+  groups = jax.jit(slot_layout.sorted_layout, static_argnums=1)(
+      jnp.asarray(sel_s, jnp.int32), experts).groups
+  as_bf16 = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)
+  num_rows = tokens * k
+  return dict(x=as_bf16(num_rows, size_k), dy=as_bf16(num_rows, size_n),
+              w_ekn=as_bf16(experts, size_k, size_n), groups=groups)
+
+
+def _kernel_calls(problem, interpret: bool) -> dict:
+  """name -> (candidate tiles, fn(blocks) -> a jitted call with its arguments)."""
+  p = problem
+  return {
+      "triton_forward": (_TRITON_MATMUL, lambda b: triton_matmul.segment_matmul(
+          p["x"], p["w_ekn"], p["groups"], out_dtype=jnp.bfloat16, interpret=interpret,
+          blocks=b)),
+      "triton_weight_grad": (_TRITON_WEIGHT_GRAD, lambda b: triton_weight_grad.weight_grad(
+          p["x"], p["dy"], p["groups"], out_dtype=jnp.bfloat16, interpret=interpret, blocks=b)),
+      "mosaic_forward": (_MOSAIC_MATMUL, lambda b: mosaic_matmul.segment_matmul(
+          p["x"], p["w_ekn"], p["groups"], transpose_w=False, out_dtype=jnp.bfloat16,
+          blocks=b)),
+      "mosaic_input_grad": (_MOSAIC_MATMUL, lambda b: mosaic_matmul.segment_matmul(
+          p["dy"], p["w_ekn"], p["groups"], transpose_w=True, out_dtype=jnp.float32,
+          blocks=b)),
+      "mosaic_weight_grad": (_MOSAIC_WEIGHT_GRAD, lambda b: mosaic_weight_grad.weight_grad(
+          p["x"], p["dy"], p["groups"], out_dtype=jnp.bfloat16, blocks=b)),
+  }
+
+
+def _median_ms(call, repeats: int) -> float:
+  """Median wall time of `call()` in ms after one warm-up (compile) call."""
+  jax.block_until_ready(call())
+  samples = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(call())
+    samples.append((time.perf_counter() - start) * 1e3)
+  return statistics.median(samples)
+
+
+def _sweep(candidates, run, repeats: int) -> list[dict]:
+  """One row per candidate (None = the kernel's default tiles): ms, or the error."""
+  rows = []
+  for blocks in [None, *candidates]:
+    row = {"blocks": "default" if blocks is None else vars(blocks)}
+    try:
+      row["ms"] = _median_ms(lambda: run(blocks), repeats)
+    except Exception as error:  # A tile shape that does not fit is a result, not a crash.
+      row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    rows.append(row)
+    print(f"  {row}", file=sys.stderr)
+  return rows
+
+
+def _summary(name, projection, rows) -> dict:
+  timed = [r for r in rows if "ms" in r]
+  best = min(timed, key=lambda r: r["ms"]) if timed else None
+  default = rows[0]
+  return {"kernel": name, "projection": projection, "default_ms": default.get("ms"),
+          "default_error": default.get("error"), "best_ms": best and best["ms"],
+          "best_blocks": best and best["blocks"], "tried": len(rows), "failed": len(rows) - len(timed)}
+
+
+def _markdown(summaries) -> str:
+  lines = ["| kernel | projection | default ms | best ms | best tiles | failed / tried |",
+           "|---|---|---:|---:|---|---:|"]
+  fmt = lambda v: "n/a" if v is None else f"{v:.3f}"
+  for s in summaries:
+    lines.append(f"| {s['kernel']} | {s['projection']} | {fmt(s['default_ms'])} | "
+                 f"{fmt(s['best_ms'])} | {s['best_blocks']} | {s['failed']} / {s['tried']} |")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> list[dict]:
+  args = _parse(argv)
+  if args.smoke:
+    args.tokens, args.d_model, args.group, args.k, args.experts, args.repeats = 48, 64, 64, 2, 4, 1
+  elif jax.default_backend() != "gpu":
+    sys.exit("no GPU found: run with --smoke to check the sweep on CPU")
+  projections = {"up": (args.d_model, args.group), "down": (args.group, args.d_model)}
+  summaries, details = [], {}
+  for projection, (size_k, size_n) in projections.items():
+    problem = _problem(args.tokens, args.k, args.experts, size_k, size_n)
+    for name, (candidates, run) in _kernel_calls(problem, interpret=args.smoke).items():
+      print(f"tune_blocks: {name} {projection} (K {size_k}, N {size_n})", file=sys.stderr)
+      rows = _sweep(candidates[:2] if args.smoke else candidates, run, args.repeats)
+      details[f"{name}/{projection}"] = rows
+      summaries.append(_summary(name, projection, rows))
+  os.makedirs(args.out, exist_ok=True)
+  meta = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "argv": argv or sys.argv[1:],
+          "shapes": {k: getattr(args, k) for k in ("tokens", "d_model", "group", "k", "experts")}}
+  with open(os.path.join(args.out, "tune_blocks.json"), "w") as f:
+    json.dump({"meta": meta, "summary": summaries, "details": details}, f, indent=1)
+  print(_markdown(summaries))
+  return summaries
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,26 @@
+"""benchmarks/tune_blocks.py sweeps and reports at toy sizes on CPU (not a benchmark)."""
+
+import json
+
+import jax
+import pytest
+
+from benchmarks import tune_blocks
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="the CPU smoke run")
+def test_sweep_reports_the_best_tiles_and_records_failures(tmp_path):
+  summaries = tune_blocks.main(["--smoke", "--out", str(tmp_path)])
+  saved = json.loads((tmp_path / "tune_blocks.json").read_text())
+  assert saved["summary"] == summaries
+  assert {(s["kernel"], s["projection"]) for s in summaries} == {
+      (k, p) for k in ("triton_forward", "triton_weight_grad", "mosaic_forward",
+                       "mosaic_input_grad", "mosaic_weight_grad") for p in ("up", "down")}
+  for s in summaries:
+    rows = saved["details"][f"{s['kernel']}/{s['projection']}"]
+    if s["kernel"].startswith("triton"):  # Interpret mode runs every candidate.
+      times = [r["ms"] for r in rows]
+      assert s["failed"] == 0 and s["default_ms"] == times[0] and s["best_ms"] == min(times)
+    else:  # Mosaic GPU has no interpret mode: every candidate is a recorded error.
+      assert s["failed"] == s["tried"] == len(rows) and s["best_ms"] is None
+      assert all("error" in r for r in rows)
