@@ -7,10 +7,9 @@
     gates [N, k] -> y [N, L]  =  sum_j gates[n, j] * x[n (, j)] @ w[sel[n, j]]
 
 Every impl but the gather oracle shares one `jax.custom_vjp` and differs only in its
-*backend*: how the N*k slots are laid out as rows grouped by expert (`make_layout`), how
-those rows are multiplied by their expert's weights (`matmul`), and how the per-expert
-weight gradient is formed (`weight_grad`). The layout is built once in the forward pass and
-is a residual of the backward pass, which is
+backend (`backends.py`: the layout of the slots as rows grouped by expert, the grouped
+matmul, the weight gradient). The layout is built once in the forward pass and is a residual
+of the backward pass, which is
 
     dx   = (dy  @ w[e]^T)  summed over the k slots of a token when x is shared
     dw_e = x_e^T @ (g * dy)_e
@@ -20,109 +19,20 @@ The last identity makes the gate gradient exact without keeping the ungated prod
 reuses the input-gradient matmul, computed on the ungated dy and scaled by g afterwards.
 """
 
-import dataclasses
 import functools
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels import blocked
+from pallas_kernels import backends
 from pallas_kernels import gather_oracle
-from pallas_kernels import mosaic_matmul
-from pallas_kernels import mosaic_weight_grad
-from pallas_kernels import ragged
 from pallas_kernels import slot_layout
-from pallas_kernels import triton_matmul
-from pallas_kernels import triton_weight_grad
-
-IMPLS = ("auto", "pallas", "mosaic", "blocked", "ragged", "tokamax", "gather")
-
-
-@dataclasses.dataclass(frozen=True)
-class _Backend:
-  """One grouped-matmul implementation (see the module docstring)."""
-  make_layout: Callable[..., slot_layout.SlotLayout]
-  matmul: Callable[..., jax.Array]
-  weight_grad: Callable[..., jax.Array]
-
-
-def _triton_matmul(layout, x_rm, w_eml, *, transpose, out_dtype, interpret):
-  """Forward kernel; on w^T (materialised, E*M*L elements) for the input gradient."""
-  w_emx = jnp.swapaxes(w_eml, 1, 2) if transpose else w_eml
-  return triton_matmul.segment_matmul(x_rm, w_emx, layout.groups, out_dtype=out_dtype,
-                                      interpret=interpret)
-
-
-def _triton_weight_grad(layout, x_rm, dy_rl, *, num_experts, out_dtype, interpret):
-  del num_experts  # The groups table has one entry per expert.
-  return triton_weight_grad.weight_grad(x_rm, dy_rl, layout.groups, out_dtype=out_dtype,
-                                        interpret=interpret)
-
-
-def _triton_backend(interpret: bool) -> _Backend:
-  return _Backend(slot_layout.sorted_layout,
-                  functools.partial(_triton_matmul, interpret=interpret),
-                  functools.partial(_triton_weight_grad, interpret=interpret))
-
-
-def _mosaic_matmul(layout, x_rm, w_eml, *, transpose, out_dtype):
-  """Forward kernel; reads w [E, M, L] transposed in shared memory for the input gradient."""
-  return mosaic_matmul.segment_matmul(x_rm, w_eml, layout.groups, transpose_w=transpose,
-                                      out_dtype=out_dtype)
-
-
-def _mosaic_weight_grad(layout, x_rm, dy_rl, *, num_experts, out_dtype):
-  del num_experts  # The groups table has one entry per expert.
-  return mosaic_weight_grad.weight_grad(x_rm, dy_rl, layout.groups, out_dtype=out_dtype)
-
-
-def _ragged_backend(library) -> _Backend:
-  return _Backend(slot_layout.sorted_layout,
-                  functools.partial(ragged.matmul, library=library),
-                  functools.partial(ragged.weight_grad, library=library))
-
-
-_BACKENDS = {
-    "pallas_triton": _triton_backend(interpret=False),
-    "pallas_interpret": _triton_backend(interpret=True),
-    "mosaic": _Backend(slot_layout.sorted_layout, _mosaic_matmul, _mosaic_weight_grad),
-    "blocked": _Backend(blocked.make_layout, blocked.matmul, blocked.weight_grad),
-    "ragged": _ragged_backend(jax.lax),
-}
-
-
-def _backend(impl: str) -> _Backend:
-  """The backend of a resolved impl (tokamax is imported here, only when asked for)."""
-  if impl == "pallas":
-    return _BACKENDS["pallas_triton" if targets_gpu() else "pallas_interpret"]
-  if impl == "tokamax":
-    return _ragged_backend(ragged.import_tokamax())
-  return _BACKENDS[impl]
-
-
-def targets_gpu() -> bool:
-  """True when tracing for a GPU: the default backend, or an abstract GPU mesh in scope
-  (how the Triton lowering is checked on a machine without a GPU)."""
-  mesh = jax.sharding.get_abstract_mesh()
-  device = None if mesh.empty else mesh.abstract_device
-  return jax.default_backend() == "gpu" or getattr(device, "platform", None) == "gpu"
-
-
-def _rows_from_tokens(values_n: jax.Array, layout: slot_layout.SlotLayout, k: int) -> jax.Array:
-  """Row r of the layout takes token row (slot // k); padding rows get zeros."""
-  return jnp.take(values_n, layout.row_slot_r // k, axis=0, mode="fill", fill_value=0)
-
-
-def _rows_from_slots(values_s: jax.Array, layout: slot_layout.SlotLayout) -> jax.Array:
-  """Row r of the layout takes slot row_slot[r]; padding rows get zeros."""
-  return jnp.take(values_s, layout.row_slot_r, axis=0, mode="fill", fill_value=0)
 
 
 def _layout_x_rows(x: jax.Array, layout: slot_layout.SlotLayout, k: int) -> jax.Array:
   if x.ndim == 2:
-    return _rows_from_tokens(x, layout, k)
-  return _rows_from_slots(x.reshape(-1, x.shape[-1]), layout)
+    return slot_layout.rows_from_tokens(x, layout, k)
+  return slot_layout.rows_from_slots(x.reshape(-1, x.shape[-1]), layout)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -155,15 +65,15 @@ def _grouped_cvmm_bwd(backend, residuals, dy):
   n = x.shape[0]
   k = num_slots // n
   if gates_nk is None:
-    dy_rl = _rows_from_slots(dy.reshape(num_slots, size_l), layout)
+    dy_rl = slot_layout.rows_from_slots(dy.reshape(num_slots, size_l), layout)
   else:
-    dy_rl = _rows_from_tokens(dy, layout, k)
+    dy_rl = slot_layout.rows_from_tokens(dy, layout, k)
   dy_rl = dy_rl.astype(x.dtype)
   u_rm = backend.matmul(layout, dy_rl, w_eml, transpose=True, out_dtype=jnp.float32)
   x_rm = _layout_x_rows(x, layout, k)
   dgates_nk = None
   if gates_nk is not None:
-    g_r = _rows_from_slots(gates_nk.reshape(-1).astype(jnp.float32), layout)
+    g_r = slot_layout.rows_from_slots(gates_nk.reshape(-1).astype(jnp.float32), layout)
     dg_r = jnp.sum(u_rm * x_rm.astype(jnp.float32), axis=-1)
     dgates_nk = jnp.take(dg_r, layout.slot_row_s).reshape(n, k).astype(gates_nk.dtype)
     u_rm = u_rm * g_r[:, None]
@@ -178,10 +88,8 @@ def _grouped_cvmm_bwd(backend, residuals, dy):
 _grouped_cvmm.defvjp(_grouped_cvmm_fwd, _grouped_cvmm_bwd)
 
 
-def _check_inputs(x, sel, w, gates, impl) -> None:
+def _check_inputs(x, sel, w, gates) -> None:
   """Raise a ValueError naming the offending argument if the call breaks the contract."""
-  if impl not in IMPLS:
-    raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
   if w.ndim != 3:
     raise ValueError(f"w must have shape [E, M, L], got shape {w.shape}")
   if sel.ndim != 2 or not jnp.issubdtype(sel.dtype, jnp.integer):
@@ -205,13 +113,6 @@ def _check_inputs(x, sel, w, gates, impl) -> None:
       raise ValueError(f"gates must be a floating array, got {gates.dtype}")
 
 
-def _resolve_impl(impl: str) -> str:
-  """auto: the Pallas kernels when tracing for a GPU, the blocked XLA path elsewhere."""
-  if impl == "auto":
-    return "pallas" if targets_gpu() else "blocked"
-  return impl
-
-
 def cvmm(x: jax.Array, sel: jax.Array, w: jax.Array, gates: jax.Array | None = None, *,
          impl: str = "auto") -> jax.Array:
   """Conditional vector-matrix multiplication: each token slot times its expert's matrix.
@@ -231,14 +132,10 @@ def cvmm(x: jax.Array, sel: jax.Array, w: jax.Array, gates: jax.Array | None = N
     [N, k, L] without gates, [N, L] with gates, in the dtype of x (f32 accumulation).
     Differentiable in x, w and gates.
   """
-  _check_inputs(x, sel, w, gates, impl)
-  impl = _resolve_impl(impl)
+  backends.check_impl(impl)
+  _check_inputs(x, sel, w, gates)
+  impl = backends.resolve(impl, x.dtype, w.shape)
   sel = jnp.clip(sel, 0, w.shape[0] - 1).astype(jnp.int32)
   if impl == "gather" or sel.size == 0:
     return gather_oracle.cvmm_gather(x, sel, w, gates)
-  if impl == "mosaic":
-    if not targets_gpu():
-      raise ValueError("impl='mosaic' runs on NVIDIA Hopper GPUs only (wgmma and TMA have no "
-                       "interpret mode): use impl='pallas' or 'blocked' here")
-    mosaic_matmul.check_problem(x.dtype, M=w.shape[1], L=w.shape[2])
-  return _grouped_cvmm(_backend(impl), x, sel, w, gates)
+  return _grouped_cvmm(backends.backend(impl), x, sel, w, gates)

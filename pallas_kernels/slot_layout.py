@@ -87,6 +87,16 @@ def segment_table(groups: ExpertGroups, num_rows: int, block_rows: int) -> Segme
   return SegmentTable(starts_p, ends_p, expert_of_rows(groups.starts_e, starts_p))
 
 
+def rows_from_tokens(values_n: jax.Array, layout: SlotLayout, k: int) -> jax.Array:
+  """Row r of the layout takes token row (slot // k); padding rows get zeros."""
+  return jnp.take(values_n, layout.row_slot_r // k, axis=0, mode="fill", fill_value=0)
+
+
+def rows_from_slots(values_s: jax.Array, layout: SlotLayout) -> jax.Array:
+  """Row r of the layout takes slot row_slot[r]; padding rows get zeros."""
+  return jnp.take(values_s, layout.row_slot_r, axis=0, mode="fill", fill_value=0)
+
+
 def cdiv(a: int, b: int) -> int:
   """Ceiling division of Python ints (static shapes)."""
   return -(-a // b)

@@ -6,7 +6,7 @@ Routers run before this on global arrays (XLA partitions them, so their batch st
 cover the whole batch); only this part needs explicit communication. With expert
 parallelism each device holds `E_l = E / n_ep` experts and `N_l` tokens. It sends every token
 slot to the device of its expert with an `all_to_all`, multiplies the rows it received by its
-local experts (two `pallas_kernels.cvmm` calls), and sends the results back. Send buffers hold
+local experts (`pallas_kernels.expert_mlp`), and sends the results back. Send buffers hold
 `C = N_l * k` rows per destination, the worst case, so no slot is ever dropped and the result
 equals the single-device computation up to float reduction order.
 """
@@ -21,22 +21,10 @@ import pallas_kernels
 from sparse_jax import parallel
 
 
-def hidden_dropout(h: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
-  """Inverted dropout of expert hidden units, drawn as `nnx.Dropout` draws its mask."""
-  if rate == 0.0 or key is None:
-    return h
-  if rate >= 1.0:
-    return jnp.zeros_like(h)
-  keep_prob = 1.0 - rate
-  keep = jax.random.bernoulli(key, p=keep_prob, shape=h.shape)
-  return jax.lax.select(keep, h / keep_prob, jnp.zeros_like(h))
-
-
 def _local_experts(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, *, impl, rate, key):
-  """Every expert on this device: the two grouped matmuls."""
-  h_nkg = pallas_kernels.cvmm(x_nd, sel_nk, w_up_edg, impl=impl)
-  h_nkg = hidden_dropout(jax.nn.relu(h_nkg), rate, key)
-  return pallas_kernels.cvmm(h_nkg, sel_nk, w_down_egd, gates_nk, impl=impl)
+  """Every expert on this device: the fused expert MLP (one layout for both matmuls)."""
+  return pallas_kernels.expert_mlp(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, impl=impl,
+                                   dropout_rate=rate, dropout_key=key)
 
 
 def check_expert_mesh(mesh, n_experts: int, n_tokens: int) -> None:

@@ -4,8 +4,9 @@ All variants share the expert computation of Eq. 11,
 
     y = sum_{e in E_x} s[e] ReLU(x W1^e) W2^e,
 
-run as two grouped matmuls (`pallas_kernels.cvmm`): the up projection with k slots per token
-and the gated down projection. They differ only in their router (`sparse_jax.layers.routers`),
+run as one fused expert MLP (`pallas_kernels.expert_mlp`): the slots sorted by expert once,
+the up projection, ReLU, expert-hidden dropout, the gate and the down projection on rows in
+expert order. They differ only in their router (`sparse_jax.layers.routers`),
 which picks the experts `E_x`, their weights `s[e]` and the regulariser.
 
 Under a mesh with an `expert` axis the experts are split over it

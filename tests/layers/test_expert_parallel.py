@@ -150,13 +150,6 @@ def test_hidden_dropout_follows_the_reseeded_dropout_stream():
   assert np.abs(y_after_reseed(1) - y_after_reseed(2)).max() > 0
 
 
-def test_hidden_dropout_drops_at_its_rate():
-  h = jnp.ones((4000, 1, G))
-  dropped = expert_parallel.hidden_dropout(h, 0.3, jax.random.key(0))
-  assert abs(float(jnp.mean(dropped == 0)) - 0.3) < 0.02
-  np.testing.assert_allclose(dropped[dropped != 0], 1 / 0.7, rtol=1e-6)
-
-
 def test_indivisible_experts_or_tokens_raise():
   layer = make_layer("softmax_moe", n_experts=6)
   x, cotangent = inputs(4)

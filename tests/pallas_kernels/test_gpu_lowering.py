@@ -1,6 +1,6 @@
 """The Pallas kernels lower for an H100 at the paper's shapes, checked on CPU.
 
-Tracing inside an abstract mesh whose device is an H100 makes `cvmm` pick the GPU kernels
+Tracing inside an abstract mesh whose device is an H100 makes `cvmm` and `expert_mlp` pick the GPU kernels
 (`impl="auto"`: Triton; `impl="mosaic"`: Mosaic GPU), and `lower(lowering_platforms=("cuda",))`
 runs the Pallas -> Triton and Pallas -> Mosaic GPU lowerings (block shapes, dot operand
 sizes, pipelines, masks) without a GPU. Shapes only: no data is created.
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import AbstractDevice, AbstractMesh
 
-from pallas_kernels import cvmm
+from pallas_kernels import cvmm, expert_mlp
 
 TOKENS, D_MODEL, GROUP, K, EXPERTS = 32768, 512, 128, 4, 32
 _H100 = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice(
@@ -28,22 +28,29 @@ def _moe_loss(x_nd, sel_nk, gates_nk, w1_edg, w2_egd, impl):
   return jnp.sum(cvmm(h_nkg, sel_nk, w2_egd, gates_nk, impl=impl).astype(jnp.float32))
 
 
-def _lowered_train_step(dtype, impl: str, d_model: int = D_MODEL) -> str:
+def _fused_moe_loss(x_nd, sel_nk, gates_nk, w1_edg, w2_egd, impl):
+  """The same layer through `expert_mlp` (one layout for both projections)."""
+  return jnp.sum(expert_mlp(x_nd, sel_nk, gates_nk, w1_edg, w2_egd, impl=impl).astype(
+      jnp.float32))
+
+
+def _lowered_train_step(dtype, impl: str, d_model: int = D_MODEL, loss=_moe_loss) -> str:
   """StableHLO text of the MoE layer's value and gradients (x, gates, both weights)."""
   shapes = (jax.ShapeDtypeStruct((TOKENS, d_model), dtype),
             jax.ShapeDtypeStruct((TOKENS, K), jnp.int32),
             jax.ShapeDtypeStruct((TOKENS, K), dtype),
             jax.ShapeDtypeStruct((EXPERTS, d_model, GROUP), dtype),
             jax.ShapeDtypeStruct((EXPERTS, GROUP, d_model), dtype))
-  train_step = jax.value_and_grad(_moe_loss, argnums=(0, 2, 3, 4))
+  train_step = jax.value_and_grad(loss, argnums=(0, 2, 3, 4))
   with jax.sharding.use_abstract_mesh(_H100):
     traced = jax.jit(train_step, static_argnums=5).trace(*shapes, impl)
     return traced.lower(lowering_platforms=("cuda",)).as_text()
 
 
+@pytest.mark.parametrize("loss", [_moe_loss, _fused_moe_loss], ids=["cvmm", "expert_mlp"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
-def test_forward_and_backward_lower_to_triton(dtype):
-  hlo = _lowered_train_step(dtype, "auto")
+def test_forward_and_backward_lower_to_triton(dtype, loss):
+  hlo = _lowered_train_step(dtype, "auto", loss=loss)
   # Forward of 2 cvmms, input gradient of 2, weight gradient of 2 (identical kernels may be
   # shared as one private function, so count distinct kernels by name as well).
   assert len(re.findall(_TRITON_CALL, hlo)) >= 4, hlo[:2000]
@@ -51,9 +58,10 @@ def test_forward_and_backward_lower_to_triton(dtype):
   assert not re.search(_MOSAIC_CALL, hlo), "auto must keep the Triton kernels"
 
 
+@pytest.mark.parametrize("loss", [_moe_loss, _fused_moe_loss], ids=["cvmm", "expert_mlp"])
 @pytest.mark.parametrize("d_model", [512, 1024])
-def test_forward_and_backward_lower_to_mosaic_gpu(d_model):
-  hlo = _lowered_train_step(jnp.bfloat16, "mosaic", d_model)
+def test_forward_and_backward_lower_to_mosaic_gpu(d_model, loss):
+  hlo = _lowered_train_step(jnp.bfloat16, "mosaic", d_model, loss)
   # Two forward matmuls, two input gradients (on w read transposed) and two weight gradients;
   # only the XLA glue (sort, gathers) is left outside the kernels.
   assert len(re.findall(_MOSAIC_CALL, hlo)) == 6, hlo[:2000]

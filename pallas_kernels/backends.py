@@ -1,0 +1,118 @@
+"""The implementations behind `cvmm` and `expert_mlp`, and how `impl` picks one.
+
+Every impl but the gather oracle is a *backend*: how the token slots are laid out as rows
+grouped by expert (`make_layout`), how those rows are multiplied by their expert's weights
+(`matmul`, also on the transposed weights for input gradients), and how the per-expert
+weight gradient is formed (`weight_grad`). The ops (`cvmm`, `expert_mlp`) own the custom VJPs
+and call these three.
+"""
+
+import dataclasses
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels import blocked
+from pallas_kernels import mosaic_matmul
+from pallas_kernels import mosaic_weight_grad
+from pallas_kernels import ragged
+from pallas_kernels import slot_layout
+from pallas_kernels import triton_matmul
+from pallas_kernels import triton_weight_grad
+
+IMPLS = ("auto", "pallas", "mosaic", "blocked", "ragged", "tokamax", "gather")
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+  """One grouped-matmul implementation (see the module docstring)."""
+  make_layout: Callable[..., slot_layout.SlotLayout]
+  matmul: Callable[..., jax.Array]
+  weight_grad: Callable[..., jax.Array]
+
+
+def _triton_matmul(layout, x_rm, w_eml, *, transpose, out_dtype, interpret):
+  """Forward kernel; on w^T (materialised, E*M*L elements) for the input gradient."""
+  w_emx = jnp.swapaxes(w_eml, 1, 2) if transpose else w_eml
+  return triton_matmul.segment_matmul(x_rm, w_emx, layout.groups, out_dtype=out_dtype,
+                                      interpret=interpret)
+
+
+def _triton_weight_grad(layout, x_rm, dy_rl, *, num_experts, out_dtype, interpret):
+  del num_experts  # The groups table has one entry per expert.
+  return triton_weight_grad.weight_grad(x_rm, dy_rl, layout.groups, out_dtype=out_dtype,
+                                        interpret=interpret)
+
+
+def _triton_backend(interpret: bool) -> Backend:
+  return Backend(slot_layout.sorted_layout,
+                  functools.partial(_triton_matmul, interpret=interpret),
+                  functools.partial(_triton_weight_grad, interpret=interpret))
+
+
+def _mosaic_matmul(layout, x_rm, w_eml, *, transpose, out_dtype):
+  """Forward kernel; reads w [E, M, L] transposed in shared memory for the input gradient."""
+  return mosaic_matmul.segment_matmul(x_rm, w_eml, layout.groups, transpose_w=transpose,
+                                      out_dtype=out_dtype)
+
+
+def _mosaic_weight_grad(layout, x_rm, dy_rl, *, num_experts, out_dtype):
+  del num_experts  # The groups table has one entry per expert.
+  return mosaic_weight_grad.weight_grad(x_rm, dy_rl, layout.groups, out_dtype=out_dtype)
+
+
+def _ragged_backend(library) -> Backend:
+  return Backend(slot_layout.sorted_layout,
+                  functools.partial(ragged.matmul, library=library),
+                  functools.partial(ragged.weight_grad, library=library))
+
+
+_BACKENDS = {
+    "pallas_triton": _triton_backend(interpret=False),
+    "pallas_interpret": _triton_backend(interpret=True),
+    "mosaic": Backend(slot_layout.sorted_layout, _mosaic_matmul, _mosaic_weight_grad),
+    "blocked": Backend(blocked.make_layout, blocked.matmul, blocked.weight_grad),
+    "ragged": _ragged_backend(jax.lax),
+}
+
+
+def backend(impl: str) -> Backend:
+  """The backend of a resolved impl (tokamax is imported here, only when asked for)."""
+  if impl == "pallas":
+    return _BACKENDS["pallas_triton" if targets_gpu() else "pallas_interpret"]
+  if impl == "tokamax":
+    return _ragged_backend(ragged.import_tokamax())
+  return _BACKENDS[impl]
+
+
+def targets_gpu() -> bool:
+  """True when tracing for a GPU: the default backend, or an abstract GPU mesh in scope
+  (how the Triton lowering is checked on a machine without a GPU)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  device = None if mesh.empty else mesh.abstract_device
+  return jax.default_backend() == "gpu" or getattr(device, "platform", None) == "gpu"
+
+
+
+
+def check_impl(impl: str) -> None:
+  """Raise a ValueError unless `impl` is one of IMPLS."""
+  if impl not in IMPLS:
+    raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+
+
+def resolve(impl: str, dtype, *weight_shapes: tuple[int, ...]) -> str:
+  """The impl to run for weights [E, M, L] of `weight_shapes`: auto becomes the Pallas
+  kernels when tracing for a GPU and the blocked XLA path elsewhere; mosaic is checked for a
+  GPU, a 16-bit dtype and M, L multiples of 64 (a ValueError saying what to use instead)."""
+  if impl == "auto":
+    return "pallas" if targets_gpu() else "blocked"
+  if impl == "mosaic":
+    if not targets_gpu():
+      raise ValueError("impl='mosaic' runs on NVIDIA Hopper GPUs only (wgmma and TMA have no "
+                       "interpret mode): use impl='pallas' or 'blocked' here")
+    for _, size_m, size_l in weight_shapes:
+      mosaic_matmul.check_problem(dtype, M=size_m, L=size_l)
+  return impl

@@ -1,0 +1,166 @@
+"""`expert_mlp`: a whole MoE feed-forward in expert order, with one layout per call.
+
+    y[n] = sum_j g[n, j] * dropout(act(x[n] @ w_up[e])) @ w_down[e],   e = sel[n, j]
+
+(sigma-MoE Eq. 11.) Two `cvmm` calls would each sort the slots, gather token rows into
+their own layout and scatter back, and the hidden activations would leave expert order
+between the projections. Here the N*k slots are sorted once and x is gathered into expert
+order once; the up projection, the activation, the hidden dropout, the gate and the down
+projection all run on those rows; one gather-sum brings them back to tokens. The backward
+pass reuses the layout and the pre-activations h (R x G, a quarter of the rows' d_model
+width at the paper's sizes):
+
+    z_r  = (g_r a_r) @ w_down[e]          the gate scales the G hidden units, not d_model outputs
+    da_r = dy_r @ w_down[e]^T             (ungated)
+    dg_r = <da_r, a_r>                    dw_down[e] = sum_r (g_r a_r)^T dy_r
+    dh_r = act'(h_r) * drop(g_r da_r)     dx_r = dh_r @ w_up[e]^T,  dw_up[e] = sum_r x_r^T dh_r
+
+Every impl of `backends` runs through it; "gather" is the oracle (`gather_oracle`).
+"""
+
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels import backends
+from pallas_kernels import gather_oracle
+from pallas_kernels import slot_layout
+
+
+def dropout_keep_mask(key: jax.Array | None, rate: float, shape) -> jax.Array | None:
+  """Which hidden units of each slot survive dropout ([N, k, G] bool), drawn as
+  `nnx.Dropout` draws its mask; None when nothing is dropped (no key or rate 0)."""
+  if key is None or rate == 0.0:
+    return None
+  return jax.random.bernoulli(key, p=max(0.0, 1.0 - rate), shape=shape)
+
+
+def _dropout(a, keep, rate: float):
+  """Inverted dropout with a given keep mask (None: identity)."""
+  if keep is None:
+    return a
+  return jnp.where(keep, a / jnp.asarray(1.0 - rate, a.dtype), jnp.zeros((), a.dtype))
+
+
+def _to_tokens(z_r, layout, n: int, k: int):
+  """[R, D] rows -> [N, D] f32: the sum over each token's k slot rows."""
+  return jnp.take(z_r, layout.slot_row_s, axis=0).reshape(n, k, -1).astype(jnp.float32).sum(1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _fused(backend, activation, rate, x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, keep_nkg):
+  y, _ = _fused_fwd(backend, activation, rate, x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd,
+                    keep_nkg)
+  return y
+
+
+def _hidden(activation, rate, h_rg, keep_rg, g_r):
+  """The dropped-out activation a_r and the gated rows g_r a_r fed to the down projection."""
+  a_rg = _dropout(activation(h_rg), keep_rg, rate)
+  return a_rg, (a_rg.astype(jnp.float32) * g_r[:, None]).astype(h_rg.dtype)
+
+
+def _keep_rows(keep_nkg, layout):
+  return None if keep_nkg is None else slot_layout.rows_from_slots(
+      keep_nkg.reshape(-1, keep_nkg.shape[-1]), layout)
+
+
+def _fused_fwd(backend, activation, rate, x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd,
+               keep_nkg):
+  n, k = sel_nk.shape
+  layout = backend.make_layout(sel_nk.reshape(-1), w_up_edg.shape[0])
+  x_rd = slot_layout.rows_from_tokens(x_nd, layout, k)
+  h_rg = backend.matmul(layout, x_rd, w_up_edg, transpose=False, out_dtype=x_nd.dtype)
+  g_r = slot_layout.rows_from_slots(gates_nk.reshape(-1).astype(jnp.float32), layout)
+  _, ga_rg = _hidden(activation, rate, h_rg, _keep_rows(keep_nkg, layout), g_r)
+  z_rd = backend.matmul(layout, ga_rg, w_down_egd, transpose=False, out_dtype=jnp.float32)
+  y_nd = _to_tokens(z_rd, layout, n, k).astype(x_nd.dtype)
+  return y_nd, (x_nd, gates_nk, w_up_edg, w_down_egd, keep_nkg, layout, h_rg)
+
+
+def _fused_bwd(backend, activation, rate, residuals, dy_nd):
+  x_nd, gates_nk, w_up_edg, w_down_egd, keep_nkg, layout, h_rg = residuals
+  n, k = gates_nk.shape
+  num_experts = w_up_edg.shape[0]
+  keep_rg = _keep_rows(keep_nkg, layout)
+  g_r = slot_layout.rows_from_slots(gates_nk.reshape(-1).astype(jnp.float32), layout)
+  a_rg, ga_rg = _hidden(activation, rate, h_rg, keep_rg, g_r)
+  dy_rd = slot_layout.rows_from_tokens(dy_nd.astype(x_nd.dtype), layout, k)
+
+  da_rg = backend.matmul(layout, dy_rd, w_down_egd, transpose=True, out_dtype=jnp.float32)
+  dg_r = jnp.sum(da_rg * a_rg.astype(jnp.float32), axis=-1)
+  dgates_nk = jnp.take(dg_r, layout.slot_row_s).reshape(n, k).astype(gates_nk.dtype)
+  dw_down = backend.weight_grad(layout, ga_rg, dy_rd, num_experts=num_experts,
+                                out_dtype=w_down_egd.dtype)
+
+  _, activation_vjp = jax.vjp(activation, h_rg.astype(jnp.float32))
+  dh_rg, = activation_vjp(_dropout(da_rg * g_r[:, None], keep_rg, rate))
+  dh_rg = dh_rg.astype(x_nd.dtype)
+  dx_rd = backend.matmul(layout, dh_rg, w_up_edg, transpose=True, out_dtype=jnp.float32)
+  dx_nd = _to_tokens(dx_rd, layout, n, k).astype(x_nd.dtype)
+  x_rd = slot_layout.rows_from_tokens(x_nd, layout, k)
+  dw_up = backend.weight_grad(layout, x_rd, dh_rg, num_experts=num_experts,
+                              out_dtype=w_up_edg.dtype)
+  return dx_nd, None, dgates_nk, dw_up, dw_down, None
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)
+
+
+def _check_inputs(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd) -> None:
+  """Raise a ValueError naming the offending argument if the call breaks the contract."""
+  if w_up_edg.ndim != 3 or w_down_egd.ndim != 3:
+    raise ValueError(f"w_up and w_down must be [E, d, G] and [E, G, d], got {w_up_edg.shape} "
+                     f"and {w_down_egd.shape}")
+  num_experts, d_model, group = w_up_edg.shape
+  if w_down_egd.shape != (num_experts, group, d_model):
+    raise ValueError(f"w_down must have shape [E, G, d] = {(num_experts, group, d_model)} "
+                     f"(from w_up {w_up_edg.shape}), got {w_down_egd.shape}")
+  if sel_nk.ndim != 2 or not jnp.issubdtype(sel_nk.dtype, jnp.integer):
+    raise ValueError(f"sel must be an integer array [N, k], got {sel_nk.dtype} {sel_nk.shape}")
+  if x_nd.shape != (sel_nk.shape[0], d_model):
+    raise ValueError(f"x must have shape [N, d] = {(sel_nk.shape[0], d_model)}, got "
+                     f"{x_nd.shape}")
+  if gates_nk.shape != sel_nk.shape or not jnp.issubdtype(gates_nk.dtype, jnp.floating):
+    raise ValueError(f"gates must be a floating array of the shape of sel {sel_nk.shape}, "
+                     f"got {gates_nk.dtype} {gates_nk.shape}")
+  if not jnp.issubdtype(x_nd.dtype, jnp.floating) or {w_up_edg.dtype, w_down_egd.dtype} != {
+      x_nd.dtype}:
+    raise ValueError(f"x, w_up and w_down must share one floating dtype, got {x_nd.dtype}, "
+                     f"{w_up_edg.dtype} and {w_down_egd.dtype}")
+
+
+def expert_mlp(x_nd: jax.Array, sel_nk: jax.Array, gates_nk: jax.Array, w_up_edg: jax.Array,
+               w_down_egd: jax.Array, *, activation: Callable[[jax.Array], jax.Array] = jax.nn.relu,
+               impl: str = "auto", dropout_rate: float = 0.0,
+               dropout_key: jax.Array | None = None) -> jax.Array:
+  """The gated sum of each token's k experts: two grouped matmuls on one layout.
+
+  Args:
+    x_nd: [N, d] token rows.
+    sel_nk: [N, k] integer expert ids in [0, E) (ids outside are clipped).
+    gates_nk: [N, k] weights of the k slots.
+    w_up_edg, w_down_egd: [E, d, G] and [E, G, d] expert weights, in the dtype of x.
+    activation: an elementwise function of the hidden units (ReLU in every MoE of the paper).
+    impl: as for `cvmm` ("auto", "pallas", "mosaic", "blocked", "ragged", "tokamax",
+      "gather").
+    dropout_rate, dropout_key: inverted dropout of the hidden units (the paper's expert
+      dropout on G units); no key means none.
+
+  Returns:
+    y_nd [N, d] in the dtype of x (f32 accumulation); differentiable in x, gates and both
+    weights.
+  """
+  backends.check_impl(impl)
+  _check_inputs(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd)
+  impl = backends.resolve(impl, x_nd.dtype, w_up_edg.shape, w_down_egd.shape)
+  sel_nk = jnp.clip(sel_nk, 0, w_up_edg.shape[0] - 1).astype(jnp.int32)
+  keep_nkg = dropout_keep_mask(dropout_key, dropout_rate, (*sel_nk.shape, w_up_edg.shape[2]))
+  if impl == "gather" or sel_nk.size == 0:
+    return gather_oracle.expert_mlp_gather(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd,
+                                           activation=activation, keep_nkg=keep_nkg,
+                                           dropout_rate=dropout_rate)
+  return _fused(backends.backend(impl), activation, dropout_rate, x_nd, sel_nk, gates_nk,
+                w_up_edg, w_down_egd, keep_nkg)
