@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import blocked
+from pallas_kernels import megablox
 from pallas_kernels import mosaic_matmul
 from pallas_kernels import mosaic_weight_grad
 from pallas_kernels import ragged
@@ -22,7 +23,7 @@ from pallas_kernels import slot_layout
 from pallas_kernels import triton_matmul
 from pallas_kernels import triton_weight_grad
 
-IMPLS = ("auto", "pallas", "mosaic", "blocked", "ragged", "tokamax", "gather")
+IMPLS = ("auto", "pallas", "mosaic", "megablox", "blocked", "ragged", "tokamax", "gather")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +64,12 @@ def _mosaic_weight_grad(layout, x_rm, dy_rl, *, num_experts, out_dtype):
   return mosaic_weight_grad.weight_grad(x_rm, dy_rl, layout.groups, out_dtype=out_dtype)
 
 
+def _megablox_backend(interpret: bool) -> Backend:
+  return Backend(slot_layout.sorted_layout,
+                 functools.partial(megablox.matmul, interpret=interpret),
+                 functools.partial(megablox.weight_grad, interpret=interpret))
+
+
 def _ragged_backend(library) -> Backend:
   return Backend(slot_layout.sorted_layout,
                   functools.partial(ragged.matmul, library=library),
@@ -73,6 +80,8 @@ _BACKENDS = {
     "pallas_triton": _triton_backend(interpret=False),
     "pallas_interpret": _triton_backend(interpret=True),
     "mosaic": Backend(slot_layout.sorted_layout, _mosaic_matmul, _mosaic_weight_grad),
+    "megablox_tpu": _megablox_backend(interpret=False),
+    "megablox_interpret": _megablox_backend(interpret=True),
     "blocked": Backend(blocked.make_layout, blocked.matmul, blocked.weight_grad),
     "ragged": _ragged_backend(jax.lax),
 }
@@ -82,6 +91,8 @@ def backend(impl: str) -> Backend:
   """The backend of a resolved impl (tokamax is imported here, only when asked for)."""
   if impl == "pallas":
     return _BACKENDS["pallas_triton" if targets_gpu() else "pallas_interpret"]
+  if impl == "megablox":
+    return _BACKENDS["megablox_tpu" if jax.default_backend() == "tpu" else "megablox_interpret"]
   if impl == "tokamax":
     return _ragged_backend(ragged.import_tokamax())
   return _BACKENDS[impl]
@@ -105,10 +116,13 @@ def check_impl(impl: str) -> None:
 
 def resolve(impl: str, dtype, *weight_shapes: tuple[int, ...]) -> str:
   """The impl to run for weights [E, M, L] of `weight_shapes`: auto becomes the Pallas
-  kernels when tracing for a GPU and the blocked XLA path elsewhere; mosaic is checked for a
-  GPU, a 16-bit dtype and M, L multiples of 64 (a ValueError saying what to use instead)."""
+  Triton kernels when tracing for a GPU, megablox on a TPU and the blocked XLA path
+  elsewhere; mosaic is checked for a GPU, a 16-bit dtype and M, L multiples of 64 (a
+  ValueError saying what to use instead)."""
   if impl == "auto":
-    return "pallas" if targets_gpu() else "blocked"
+    if targets_gpu():
+      return "pallas"
+    return "megablox" if jax.default_backend() == "tpu" else "blocked"
   if impl == "mosaic":
     if not targets_gpu():
       raise ValueError("impl='mosaic' runs on NVIDIA Hopper GPUs only (wgmma and TMA have no "

@@ -123,9 +123,10 @@ def cvmm(x: jax.Array, sel: jax.Array, w: jax.Array, gates: jax.Array | None = N
     w: [E, M, L] expert weights, same dtype as x (float32 or bfloat16).
     gates: optional [N, k] weights of the k slots, summed into one output row per token.
     impl: "pallas" (Triton kernels on GPU, interpret mode elsewhere), "mosaic" (Mosaic GPU
-      kernels for Hopper; 16-bit dtypes, M and L multiples of 64), "blocked" (padded blocks +
-      batched matmul in XLA), "ragged" (jax.lax.ragged_dot), "tokamax" (tokamax.ragged_dot,
-      if installed), "gather" (the w[sel] oracle) or "auto" (pallas on GPU, blocked
+      kernels for Hopper; 16-bit dtypes, M and L multiples of 64), "megablox" (Pallas TPU
+      grouped matmul; interpret mode off TPU), "blocked" (padded blocks + batched matmul in
+      XLA), "ragged" (jax.lax.ragged_dot), "tokamax" (tokamax.ragged_dot, if installed),
+      "gather" (the w[sel] oracle) or "auto" (pallas on GPU, megablox on TPU, blocked
       elsewhere).
 
   Returns:

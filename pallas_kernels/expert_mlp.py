@@ -144,8 +144,8 @@ def expert_mlp(x_nd: jax.Array, sel_nk: jax.Array, gates_nk: jax.Array, w_up_edg
     gates_nk: [N, k] weights of the k slots.
     w_up_edg, w_down_egd: [E, d, G] and [E, G, d] expert weights, in the dtype of x.
     activation: an elementwise function of the hidden units (ReLU in every MoE of the paper).
-    impl: as for `cvmm` ("auto", "pallas", "mosaic", "blocked", "ragged", "tokamax",
-      "gather").
+    impl: as for `cvmm` ("auto", "pallas", "mosaic", "megablox", "blocked", "ragged",
+      "tokamax", "gather").
     dropout_rate, dropout_key: inverted dropout of the hidden units (the paper's expert
       dropout on G units); no key means none.
 

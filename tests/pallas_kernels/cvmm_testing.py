@@ -67,9 +67,12 @@ _HAS_TOKAMAX = importlib.util.find_spec("tokamax") is not None
 
 
 def impl_cases() -> list:
-  """(case, impl) test parameters: the CPU impls on CASES; "mosaic" on MOSAIC_CASES, run on
-  a GPU only (wgmma and TMA have no interpret mode); "tokamax" on CASES when installed."""
+  """(case, impl) test parameters: the CPU impls on CASES; megablox (in interpret mode off
+  TPU; its kernels have their own tests in test_megablox.py) on every other case; "mosaic" on
+  MOSAIC_CASES, run on a GPU only (wgmma and TMA have no interpret mode); "tokamax" on CASES
+  when installed."""
   params = [pytest.param(case, impl, id=f"{impl}-{case}") for impl in IMPLS for case in CASES]
+  params += [pytest.param(case, "megablox", id=f"megablox-{case}") for case in CASES[::2]]
   on_gpu = pytest.mark.skipif(not _ON_GPU, reason="Mosaic GPU kernels need a GPU")
   params += [pytest.param(case, "mosaic", id=f"mosaic-{case}", marks=on_gpu)
              for case in MOSAIC_CASES]

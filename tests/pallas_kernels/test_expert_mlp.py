@@ -48,6 +48,7 @@ MOSAIC_CASES = (
 
 def _params():
   params = [pytest.param(c, i, id=f"{i}-{c}") for i in IMPLS for c in CASES]
+  params += [pytest.param(c, "megablox", id=f"megablox-{c}") for c in CASES[::2]]
   gpu = pytest.mark.skipif(jax.default_backend() != "gpu", reason="Mosaic GPU needs a GPU")
   params += [pytest.param(c, "mosaic", id=f"mosaic-{c}", marks=gpu) for c in MOSAIC_CASES]
   tokamax = pytest.mark.skipif(importlib.util.find_spec("tokamax") is None,
@@ -117,7 +118,7 @@ def test_values_and_gradients_match_float64(case, impl):
   assert not np.any(np.asarray(grads[2])[unused]) and not np.any(np.asarray(grads[3])[unused])
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", [*IMPLS, "megablox"])
 def test_hidden_dropout_matches_float64_with_the_same_mask(impl):
   case, rate, key = CASES[0], 0.3, jax.random.key(7)
   inputs = _inputs(case, seed=3)
