@@ -1,9 +1,10 @@
-"""Benchmark: one sigma-MoE feed-forward layer built on `cvmm` vs a parameter-matched dense MLP.
+"""Benchmark: one sigma-MoE feed-forward layer (`expert_mlp`) vs a parameter-matched dense MLP.
 
 The setting of Fig. 2 of the sigma-MoE paper: |B| tokens of width d_model, N_E experts of
 G units, top-K slots per token, against a dense MLP with d_ff = G * N_E (same parameters).
 
-    MoE:   y = cvmm(ReLU(cvmm(x, sel, W1)), sel, W2, gates)   W1 [E, d, G], W2 [E, G, d]
+    MoE:   y = expert_mlp(x, sel, gates, W1, W2)                W1 [E, d, G], W2 [E, G, d]
+           (= sum_j gates_j ReLU(x W1[sel_j]) W2[sel_j], on one layout in expert order)
     dense: y = ReLU(x @ W1) @ W2                              W1 [d, G*E],  W2 [G*E, d]
 
 Times the jitted forward and forward + backward (gradients of x, W1, W2 and the gates) of
@@ -26,19 +27,27 @@ import time
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels import cvmm
+from pallas_kernels import expert_mlp
+from pallas_kernels.blocked import full_precision
 
 
 def moe_layer(x_nd, sel_nk, gates_nk, w1_edg, w2_egd, impl):
-  """Two CVMMs: up with the k slots sharing each token row, ReLU, down with the gates."""
-  h_nkg = jax.nn.relu(cvmm(x_nd, sel_nk, w1_edg, impl=impl))
-  return cvmm(h_nkg, sel_nk, w2_egd, gates_nk, impl=impl)
+  """The MoE feed-forward as the layers run it: `expert_mlp` (one layout for both
+  projections: up with the k slots sharing each token row, ReLU, gated down)."""
+  return expert_mlp(x_nd, sel_nk, gates_nk, w1_edg, w2_egd, impl=impl)
+
+
+def dense_projection(x_nd, w_df):
+  """x @ w with f32 accumulation, output in the input dtype; f32 products at full precision,
+  as in every cvmm impl (a GPU would otherwise round them to TF32)."""
+  y_nf = jnp.dot(x_nd, w_df, precision=full_precision(x_nd.dtype),
+                 preferred_element_type=jnp.float32)
+  return y_nf.astype(x_nd.dtype)
 
 
 def dense_mlp(x_nd, w1_df, w2_fd):
-  """The parameter-matched dense MLP (f32 accumulation, output in the input dtype)."""
-  h_nf = jax.nn.relu(jnp.dot(x_nd, w1_df, preferred_element_type=jnp.float32).astype(x_nd.dtype))
-  return jnp.dot(h_nf, w2_fd, preferred_element_type=jnp.float32).astype(x_nd.dtype)
+  """The parameter-matched dense MLP."""
+  return dense_projection(jax.nn.relu(dense_projection(x_nd, w1_df)), w2_fd)
 
 
 def forward_and_backward(fn, argnums):
@@ -73,18 +82,32 @@ def random_routing(key, tokens: int, experts: int, k: int, dtype):
   return sel_nk.astype(jnp.int32), gates_nk.astype(dtype)
 
 
+def random_layer(key, tokens: int, d_model: int, group: int, k: int, experts: int, dtype):
+  """Inputs of one MoE layer: x_nd, sel_nk, gates_nk, w1_edg, w2_egd and a cotangent ct_nd."""
+  keys = jax.random.split(key, 5)
+  x_nd = jax.random.normal(keys[0], (tokens, d_model), dtype)
+  sel_nk, gates_nk = random_routing(keys[1], tokens, experts, k, dtype)
+  w1_edg = (jax.random.normal(keys[2], (experts, d_model, group)) * d_model ** -0.5).astype(dtype)
+  w2_egd = (jax.random.normal(keys[3], (experts, group, d_model))
+            * (group * experts) ** -0.5).astype(dtype)
+  ct_nd = jax.random.normal(keys[4], (tokens, d_model), dtype)
+  return x_nd, sel_nk, gates_nk, w1_edg, w2_egd, ct_nd
+
+
+def dense_weights(w1_edg, w2_egd):
+  """The experts side by side as one dense MLP: w1_df [d, E*G], w2_fd [E*G, d]."""
+  experts, d_model, group = w1_edg.shape
+  return (w1_edg.transpose(1, 0, 2).reshape(d_model, experts * group),
+          w2_egd.reshape(experts * group, d_model))
+
+
 def bench_experts(args, experts: int, impls: list[str]) -> list[dict]:
   """Rows of the table for one expert count: dense first, then each impl."""
-  dtype = jnp.dtype(args.dtype)
   d, g, k, n = args.d_model, args.group, args.k, args.tokens
-  keys = jax.random.split(jax.random.key(experts), 6)
-  x_nd = jax.random.normal(keys[0], (n, d), dtype)
-  sel_nk, gates_nk = random_routing(keys[1], n, experts, k, dtype)
-  w1_edg = (jax.random.normal(keys[2], (experts, d, g)) * d ** -0.5).astype(dtype)
-  w2_egd = (jax.random.normal(keys[3], (experts, g, d)) * (g * experts) ** -0.5).astype(dtype)
-  ct_nd = jax.random.normal(keys[4], (n, d), dtype)
+  x_nd, sel_nk, gates_nk, w1_edg, w2_egd, ct_nd = random_layer(
+      jax.random.key(experts), n, d, g, k, experts, jnp.dtype(args.dtype))
 
-  dense_args = (x_nd, w1_edg.transpose(1, 0, 2).reshape(d, g * experts), w2_egd.reshape(g * experts, d))
+  dense_args = (x_nd, *dense_weights(w1_edg, w2_egd))
   dense_macs = 2 * n * d * g * experts
   runs = [("dense", dense_mlp, dense_args, dense_macs, 3)]
   for impl in impls:

@@ -1,0 +1,585 @@
+"""Every GPU measurement in one command, meant to fit in 8 minutes on an H100 (GPU time is scarce).
+
+    python -m benchmarks.gpu_suite --out DIR [--budget_s 420] [--blocked]
+    python -m benchmarks.gpu_suite --smoke --out DIR     # tiny shapes on CPU: checks the suite
+
+Parts, in order; each one's failure (and each cell's) is caught, recorded with its error text,
+and the suite goes on:
+  1. environment: device, jax/jaxlib/python versions, date, the device's peaks (`roofline`).
+  2. tests: tests/pallas_kernels and tests/layers/test_moe_layers.py on the GPU, in a
+     subprocess (junit XML and log in DIR); skipped with --smoke (the CPU suite runs them).
+  3. cvmm: one cvmm (the up projection: x [T, d] shared by K slots, w [N_E, d, G]) and the
+     whole MoE layer (benchmarks/cvmm.py's `moe_layer`), forward and forward + backward, per
+     impl of `pallas_kernels.IMPLS` (blocked with --blocked) and the parameter-matched dense
+     matmul / MLP (d_ff = G * N_E): ms, TFLOP/s of the active work, the roofline bound and the
+     fraction of it achieved, time relative to dense, and peak memory (the sigma-MoE paper's
+     Fig. 2: time and memory against N_E).
+  4. training: one training step of configs/sigma_moe_paper.py:wt103_s and its dense
+     baseline configs/wt103_s_dense.py, bfloat16 compute, f32 parameters, on random tokens
+     (no dataset is prepared): ms/step, tokens/s, peak memory.
+  5. decode: benchmarks/decode.py at its defaults.
+Writes DIR/gpu_suite.json and DIR/gpu_suite.md (Markdown tables for benchmarks/RESULTS.md)
+after every part, so a run that is killed keeps what it measured; prints the Markdown at the
+end and progress lines to stderr as it goes.
+
+Time budget: `--budget_s` seconds from the start, shared out by `PART_ENDS`: each part stops
+starting new cells once its share has passed (cells not run read "skipped: time budget"), so
+a slow part cannot starve the ones after it; time a part leaves unused goes to the next.
+"""
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import importlib.util
+import itertools
+import json
+import math
+import os
+import pathlib
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from unittest import mock
+from xml.etree import ElementTree
+
+import jax
+import jax.numpy as jnp
+import jaxlib
+import numpy as np
+from flax import nnx
+
+from benchmarks import cvmm as cvmm_benchmark
+from benchmarks import decode, gpu_suite_tables, roofline
+from configs import sigma_moe_paper, wt103_s_dense
+from pallas_kernels import IMPLS, cvmm
+from sparse_jax import parallel
+from sparse_jax.models.accounting import model_report
+from sparse_jax.training.placement import Placement
+from sparse_jax.training.steps import make_train_step
+from sparse_jax.training.tasks.lm import LanguageModelTask, build_model_and_optimizer
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# When each part stops starting cells, as a fraction of --budget_s from the start. A cell
+# started just before its part's end still runs; these shares are meant to leave the last
+# training cell (compiling the 16-layer model) and decoding room in the minute between the
+# default budget and 8 minutes (estimated: check the elapsed times of the first GPU run).
+PART_ENDS = {"tests": 0.3, "cvmm": 0.65, "training": 0.85, "decode": 1.0}
+TEST_PATHS = ("tests/pallas_kernels", "tests/layers/test_moe_layers.py")
+TESTS_TIMEOUT_S = 240
+INTERRUPT_GRACE_S = 20  # for pytest to write its junit XML after a timeout's SIGINT
+TEST_WORKERS = 4  # pytest-xdist processes sharing the GPU: test time is mostly compilation.
+# A ragged cell whose estimated memory exceeds this fraction of the device's is not run.
+MEMORY_FRACTION = 0.6
+PASSES = ("fwd", "fwd_bwd")
+NOT_TIMED = {"auto": "an alias", "gather": "the test oracle",
+             "megablox": "TPU kernels: elsewhere Pallas interpret mode, far too slow to time"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+  """The sizes of one mode of the suite. cvmm cells run in the order of
+  product(dtypes, d_models, experts); each tuple is in order of importance, so the budget
+  cuts the least important cells."""
+  smoke: bool
+  tokens: int
+  group: int
+  k: int
+  dtypes: tuple[str, ...]
+  d_models: tuple[int, ...]
+  experts: tuple[int, ...]
+  repeats: int  # timed samples per cvmm cell
+  min_sample_ms: float  # a sample is as many calls as last this long (see `repeated_call`)
+  train_steps: int  # timed training steps, after one warm-up step
+  decode_argv: tuple[str, ...]
+
+
+GPU = Scale(smoke=False, tokens=32768, group=128, k=4, dtypes=("bfloat16", "float32"),
+            d_models=(1024, 512), experts=(128, 32, 64, 16), repeats=10, min_sample_ms=2.0,
+            train_steps=5,
+            decode_argv=())
+SMOKE = Scale(smoke=True, tokens=64, group=16, k=2, dtypes=("float32", "bfloat16"),
+              d_models=(32,), experts=(4,), repeats=2, min_sample_ms=0.0, train_steps=2,
+              decode_argv=("--d_model=32", "--layers=1", "--context=4", "--repeats=2"))
+
+
+class Budget:
+  """The suite's clock: seconds since the start, and whether a part's share has passed."""
+
+  def __init__(self, budget_s: float):
+    self.start = time.perf_counter()
+    self.budget_s = budget_s
+
+  def elapsed(self) -> float:
+    return time.perf_counter() - self.start
+
+  def left(self, part: str) -> float:
+    """Seconds until `part` must stop starting cells (<= 0: it has passed)."""
+    return PART_ENDS[part] * self.budget_s - self.elapsed()
+
+
+def progress(budget: Budget, message: str) -> None:
+  print(f"[gpu_suite {budget.elapsed():6.1f} s] {message}", file=sys.stderr, flush=True)
+
+
+def error_text(error: BaseException, limit: int = 2000) -> str:
+  """The exception as `Type: message`, cut to `limit` characters (XLA's can be pages long)."""
+  return f"{type(error).__name__}: {error}"[:limit]
+
+
+def peak_memory_bytes(compiled) -> int | None:
+  """Device memory a compiled call needs: temporaries, arguments and outputs (outputs that
+  reuse donated arguments counted once); None if the backend does not say."""
+  stats = compiled.memory_analysis()
+  if stats is None:
+    return None
+  return (stats.temp_size_in_bytes + stats.argument_size_in_bytes
+          + stats.output_size_in_bytes - stats.alias_size_in_bytes)
+
+
+def device_memory_limit() -> int | None:
+  """Bytes the default device's allocator may use; None where it does not say (CPU)."""
+  stats = jax.devices()[0].memory_stats()
+  return stats.get("bytes_limit") if stats else None
+
+
+# Part 1: environment.
+
+def environment_part() -> dict:
+  """The device, versions, date and the device's peaks (None if it is not in the table)."""
+  device = jax.devices()[0]
+  peaks = roofline.device_peaks(device.device_kind)
+  return {"device_kind": device.device_kind, "platform": device.platform,
+          "device_count": jax.device_count(), "memory_bytes_limit": device_memory_limit(),
+          "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+          "python": platform.python_version(), "machine": platform.machine(),
+          "date": datetime.datetime.now().isoformat(timespec="seconds"),
+          "peaks": dataclasses.asdict(peaks) if peaks else None,
+          "environment_info": jax.print_environment_info(return_string=True)}
+
+
+# Part 2: the GPU tests.
+
+def tests_part(scale: Scale, out_dir: pathlib.Path, budget: Budget) -> dict:
+  """Runs the kernel and MoE-layer tests in a subprocess; counts from its junit XML."""
+  if scale.smoke:
+    return {"status": "skipped: smoke"}
+  timeout_s = min(TESTS_TIMEOUT_S, budget.left("tests"))
+  if timeout_s <= 0:
+    return {"status": "skipped: time budget"}
+  xml, log = out_dir / "gpu_tests.xml", out_dir / "gpu_tests.log"
+  command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TEST_PATHS,
+             f"--junitxml={xml}"]
+  if importlib.util.find_spec("xdist"):
+    command += ["-n", str(TEST_WORKERS)]
+  progress(budget, f"tests: {' '.join(command[1:])} (timeout {timeout_s:.0f} s, log {log})")
+  returncode = run_with_timeout(command, log, timeout_s)
+  result = {"paths": list(TEST_PATHS), "command": " ".join(["python", *command[1:]]),
+            "returncode": returncode}
+  if returncode is None:
+    result.update(status="error", error=f"timed out after {timeout_s:.0f} s, counts are of "
+                                        f"the tests that finished; last output:\n{tail(log)}")
+  if not xml.exists():
+    return {**result, "status": "error",
+            "error": f"pytest wrote no junit XML; last output:\n{tail(log)}"}
+  return {**result, **junit_counts(xml)}
+
+
+def run_with_timeout(command: list[str], log: pathlib.Path, timeout_s: float) -> int | None:
+  """Runs `command` in the repository with output to `log`; its exit code, or None if it
+  ran out of time. Then its process group (xdist workers included) is interrupted, so that
+  pytest still writes the junit XML of the tests that finished, and killed if it lingers.
+
+  The children allocate GPU memory as they need it: this process already holds XLA's
+  preallocated share of the device."""
+  env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+  with open(log, "w") as log_file:
+    child = subprocess.Popen(command, cwd=REPO, env=env, stdout=log_file,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+      return child.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+      os.killpg(child.pid, signal.SIGINT)
+      try:
+        child.wait(timeout=INTERRUPT_GRACE_S)
+      except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+      return None
+
+
+def tail(path: pathlib.Path, lines: int = 20) -> str:
+  return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def junit_counts(xml: pathlib.Path) -> dict:
+  """Passed, failed (failures and errors) and skipped test counts, and the failing ids.
+  Unnamed test cases (what pytest-xdist writes for a test cut short) are not counted."""
+  counts, failing = {"passed": 0, "failed": 0, "skipped": 0}, []
+  for case in ElementTree.parse(xml).iter("testcase"):
+    if case.get("name") is None:
+      continue
+    outcome = {child.tag for child in case} & {"failure", "error", "skipped"}
+    if outcome & {"failure", "error"}:
+      counts["failed"] += 1
+      failing.append(f"{case.get('classname')}::{case.get('name')}")
+    elif outcome:
+      counts["skipped"] += 1
+    else:
+      counts["passed"] += 1
+  return {**counts, "failing": failing}
+
+
+# Part 3: cvmm and the MoE layer.
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+  """One op of one impl at one shape: fn(*args), the first `num_diff` args differentiable,
+  `ct` the cotangent of its output, `fwd_flops` its active forward FLOPs."""
+  op: str
+  impl: str
+  fn: Callable
+  args: tuple
+  num_diff: int
+  ct: jax.Array
+  fwd_flops: int
+
+  def call(self, pass_: str):
+    """The function and arguments of the forward or forward + backward pass."""
+    if pass_ == "fwd":
+      return self.fn, self.args
+    diff = tuple(range(self.num_diff))
+    return cvmm_benchmark.forward_and_backward(self.fn, diff), (self.ct, *self.args)
+
+
+def suite_impls(with_blocked: bool) -> list[str]:
+  """The cvmm impls to time: those of IMPLS not in NOT_TIMED, and blocked if asked for."""
+  return [impl for impl in IMPLS
+          if impl not in NOT_TIMED and (with_blocked or impl != "blocked")]
+
+
+def workloads(scale: Scale, dtype: str, d_model: int, experts: int,
+              impls: list[str]) -> list[Workload]:
+  """The cvmm and MoE-layer workloads of one shape, dense first in each op."""
+  n, g, k = scale.tokens, scale.group, scale.k
+  x_nd, sel_nk, gates_nk, w1_edg, w2_egd, ct_nd = cvmm_benchmark.random_layer(
+      jax.random.key(experts), n, d_model, g, k, experts, jnp.dtype(dtype))
+  w1_df, w2_fd = cvmm_benchmark.dense_weights(w1_edg, w2_egd)
+  keys = jax.random.split(jax.random.key(d_model))
+  ct_nkg = jax.random.normal(keys[0], (n, k, g), dtype)
+  ct_nf = jax.random.normal(keys[1], (n, g * experts), dtype)
+  up_flops, dense_flops = 2 * n * k * d_model * g, 2 * n * d_model * g * experts
+
+  def up_projection(x, w, sel, impl):
+    return cvmm(x, sel, w, impl=impl)
+
+  def layer(x, w1, w2, gates, sel, impl):
+    return cvmm_benchmark.moe_layer(x, sel, gates, w1, w2, impl)
+
+  cvmm_ops = [Workload("cvmm", "dense", cvmm_benchmark.dense_projection, (x_nd, w1_df), 2,
+                       ct_nf, dense_flops)]
+  layer_ops = [Workload("moe_layer", "dense", cvmm_benchmark.dense_mlp, (x_nd, w1_df, w2_fd),
+                        3, ct_nd, 2 * dense_flops)]
+  for impl in impls:
+    cvmm_ops.append(Workload("cvmm", impl, lambda *a, impl=impl: up_projection(*a, impl),
+                             (x_nd, w1_edg, sel_nk), 2, ct_nkg, up_flops))
+    layer_ops.append(Workload("moe_layer", impl, lambda *a, impl=impl: layer(*a, impl),
+                              (x_nd, w1_edg, w2_egd, gates_nk, sel_nk), 4, ct_nd,
+                              2 * up_flops))
+  return cvmm_ops + layer_ops
+
+
+def ragged_expansion_bytes(cell: dict) -> int:
+  """XLA's default `ragged_dot` on GPUs is a dense dot over a masked copy of its input for
+  every group: slots x N_E x width elements, twice live in the backward pass."""
+  width = max(cell["d_model"], cell["group"])
+  live = 2 if cell["pass"] == "fwd_bwd" else 1
+  return (live * cell["tokens"] * cell["k"] * cell["experts"] * width
+          * jnp.dtype(cell["dtype"]).itemsize)
+
+
+def too_large(cell: dict, memory_limit: int | None) -> str | None:
+  """Why a cell would not fit on the device (None: run it)."""
+  if cell["impl"] != "ragged" or memory_limit is None:
+    return None
+  estimate = ragged_expansion_bytes(cell)
+  if estimate <= MEMORY_FRACTION * memory_limit:
+    return None
+  return (f"needs ~{estimate / 2**30:.0f} GiB (ragged_dot's dense expansion) > "
+          f"{MEMORY_FRACTION:.0%} of the device's {memory_limit / 2**30:.0f} GiB")
+
+
+def repeated_call(compiled, times: int):
+  """`compiled` called `times` times in a row, returning the last output: one timed sample
+  of a short kernel then spans several calls, so the host's dispatch and the final sync
+  (tens of microseconds) do not inflate it. The device runs the calls in order, so the last
+  output is ready only when all are."""
+  def run(*args):
+    for _ in range(times):
+      outputs = compiled(*args)
+    return outputs
+  return run
+
+
+def compile_cell(cell: dict, workload: Workload, memory_limit: int | None,
+                 min_sample_ms: float):
+  """Compiles a cell and runs it twice (the second call timed, to choose the calls per
+  sample); records its memory and bytes. The call to time and its arguments, or None (the
+  cell then holds why)."""
+  reason = too_large(cell, memory_limit)
+  if reason:
+    cell["status"] = f"skipped: {reason}"
+    return None
+  fn, args = workload.call(cell["pass"])
+  start = time.perf_counter()
+  try:
+    compiled = jax.jit(fn).lower(*args).compile()
+    cell["compile_s"] = time.perf_counter() - start
+    cell["peak_memory_bytes"] = peak_memory_bytes(compiled)
+    outputs = jax.block_until_ready(compiled(*args))
+    start = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    call_ms = (time.perf_counter() - start) * 1e3
+  except Exception as error:  # A cell's failure is its result; the suite goes on.
+    cell.update(status="error", error=error_text(error))
+    return None
+  cell["bytes"] = roofline.min_bytes(args, outputs)
+  cell["calls_per_sample"] = max(1, math.ceil(min_sample_ms / call_ms))
+  return repeated_call(compiled, cell["calls_per_sample"]), args
+
+
+def derive(cells: list[dict], peaks: roofline.DevicePeaks | None) -> None:
+  """TFLOP/s, the roofline bound and fraction, and time relative to dense of timed cells."""
+  dense_ms = {(c["op"], c["pass"]): c["ms"] for c in cells
+              if c["impl"] == "dense" and c["status"] == "ok"}
+  for cell in cells:
+    if cell["status"] != "ok":
+      continue
+    bound = roofline.bound_us(peaks, cell["dtype"], cell["flops"], cell["bytes"])
+    dense = dense_ms.get((cell["op"], cell["pass"]))
+    cell.update(tflops=roofline.tflops(cell["flops"], cell["ms"]), roofline_us=bound,
+                roofline_fraction=None if bound is None else bound / (cell["ms"] * 1e3),
+                x_dense=None if dense is None else dense / cell["ms"])
+
+
+def new_cell(scale: Scale, dtype: str, d_model: int, experts: int, op: str, impl: str,
+             pass_: str, status: str = "ok") -> dict:
+  """A cell's identity (op, impl, pass and shape) and status."""
+  return {"op": op, "impl": impl, "pass": pass_, "dtype": dtype, "d_model": d_model,
+          "experts": experts, "tokens": scale.tokens, "group": scale.group, "k": scale.k,
+          "status": status}
+
+
+def bench_shape(scale: Scale, dtype: str, d_model: int, experts: int, impls: list[str],
+                budget: Budget) -> list[dict]:
+  """All cells of one shape: compiled one by one while the budget lasts, then timed in
+  interleaved rounds (benchmarks/cvmm.py) so that load affects every impl alike."""
+  memory_limit = device_memory_limit()
+  cells, calls = [], {}
+  for workload, pass_ in itertools.product(
+      workloads(scale, dtype, d_model, experts, impls), PASSES):
+    cell = new_cell(scale, dtype, d_model, experts, workload.op, workload.impl, pass_)
+    cell["flops"] = workload.fwd_flops * (3 if pass_ == "fwd_bwd" else 1)
+    cells.append(cell)
+    if budget.left("cvmm") <= 0:
+      cell["status"] = "skipped: time budget"
+      continue
+    progress(budget, f"cvmm {dtype} d_model={d_model} N_E={experts} {workload.op} "
+                     f"{workload.impl} {pass_}")
+    call = compile_cell(cell, workload, memory_limit, scale.min_sample_ms)
+    if call:
+      calls[len(cells) - 1] = call
+  try:
+    for index, ms in cvmm_benchmark.time_interleaved_ms(calls, scale.repeats).items():
+      cells[index]["ms"] = ms / cells[index]["calls_per_sample"]
+  except Exception as error:  # One call failing on a later run fails the round.
+    for index in calls:
+      cells[index].update(status="error", error=error_text(error))
+  return cells
+
+
+def skipped_shape(scale: Scale, dtype: str, d_model: int, experts: int,
+                  impls: list[str]) -> list[dict]:
+  """The cells of a shape the budget left no time for (no arrays are made)."""
+  return [new_cell(scale, dtype, d_model, experts, op, impl, pass_, "skipped: time budget")
+          for op in ("cvmm", "moe_layer") for impl in ["dense", *impls] for pass_ in PASSES]
+
+
+def cvmm_part(scale: Scale, budget: Budget, impls: list[str], save) -> dict:
+  """Every shape's cells, most important shape first; `save`s what it has after each shape."""
+  peaks = roofline.device_peaks(jax.devices()[0].device_kind)
+  result = {"impls": impls, "not_timed": NOT_TIMED, "repeats": scale.repeats,
+            "min_sample_ms": scale.min_sample_ms, "cells": []}
+  for dtype, d_model, experts in itertools.product(scale.dtypes, scale.d_models,
+                                                   scale.experts):
+    if budget.left("cvmm") <= 0:
+      cells = skipped_shape(scale, dtype, d_model, experts, impls)
+    else:
+      cells = bench_shape(scale, dtype, d_model, experts, impls, budget)
+      derive(cells, peaks)
+    result["cells"] += cells
+    save("cvmm", {"status": "incomplete", **result})
+  return result
+
+
+# Part 4: training steps.
+
+def training_configs(smoke: bool) -> dict:
+  """WT-S sigma-MoE and its dense baseline, bfloat16 compute (f32 parameters); with
+  `smoke`, both shrunk alike to a one-layer model of width 32."""
+  configs = {"sigma_moe wt103_s": sigma_moe_paper.get_config("wt103_s"),
+             "dense wt103_s": wt103_s_dense.get_config()}
+  for config in configs.values():
+    config.model.dtype = "bfloat16"
+    if smoke:
+      config.data.update(batch_size=2, seq_len=16)
+      config.model.update(d_model=32, n_layers=1, n_heads=2, head_dim=16, mem_len=16)
+      if config.model.ff.kind == "dense":
+        config.model.ff.d_ff = 32
+      else:
+        config.model.ff.update(n_experts=4, expert_size=8, k=2)
+  return configs
+
+
+def time_training(config, steps: int) -> dict:
+  """Median time of the jitted training step on one device, fed random tokens, after one
+  warm-up step; the compiled step's peak memory."""
+  task = LanguageModelTask(config)
+  batch_size, seq_len = config.data.batch_size, config.data.seq_len
+  mesh = parallel.make_mesh([1, 1, 1])
+  placement = Placement(mesh)
+  model, optimizer = placement.create(lambda: build_model_and_optimizer(task.typed))
+  memory = placement.create_memory(lambda: model.init_memory(batch_size))
+  graphdef, state = nnx.split((model, optimizer))
+  step_fn = make_train_step(graphdef, task.loss, seed=task.typed.seed,
+                            out_shardings=(placement.state_shardings(state),
+                                           placement.memory_shardings(),
+                                           parallel.replicated(mesh)))
+  tokens_bs = np.random.default_rng(0).integers(0, config.model.vocab_size,
+                                                (batch_size, seq_len + 1), np.int32)
+  batch = placement.global_batch({"inputs": tokens_bs[:, :-1], "targets": tokens_bs[:, 1:]},
+                                 batch_size)
+  with jax.set_mesh(mesh):
+    compiled = step_fn.lower(state, memory, batch, 0).compile()
+    times = []
+    for step in range(steps + 1):
+      start = time.perf_counter()
+      state, memory, metrics = compiled(state, memory, batch, step)
+      jax.block_until_ready(metrics)
+      times.append(time.perf_counter() - start)
+  step_ms = 1e3 * statistics.median(times[1:])
+  return {"step_ms": step_ms, "tokens_per_second": batch_size * seq_len / step_ms * 1e3,
+          "peak_memory_bytes": peak_memory_bytes(compiled), "loss": float(metrics["loss"])}
+
+
+def training_part(scale: Scale, budget: Budget) -> dict:
+  """One row per config; `x_dense` is the dense step time over this one's."""
+  rows = []
+  for name, config in training_configs(scale.smoke).items():
+    row = {"model": name, "batch_size": config.data.batch_size,
+           "seq_len": config.data.seq_len, "dtype": config.model.dtype,
+           "ff": config.model.ff.to_dict(), "status": "ok"}
+    rows.append(row)
+    if budget.left("training") <= 0:
+      row["status"] = "skipped: time budget"
+      continue
+    progress(budget, f"training: {name}")
+    try:
+      row["params"] = model_report(config.model)["total_params"]
+      row.update(time_training(config, scale.train_steps))
+    except Exception as error:  # A config's failure is its row; the suite goes on.
+      row.update(status="error", error=error_text(error))
+  dense = next((r for r in rows if r["ff"]["kind"] == "dense" and r["status"] == "ok"), None)
+  for row in rows:
+    if dense and row["status"] == "ok":
+      row["x_dense"] = dense["step_ms"] / row["step_ms"]
+  return {"steps": scale.train_steps, "rows": rows}
+
+
+# Part 5: decoding.
+
+def decode_part(scale: Scale, out_dir: pathlib.Path, budget: Budget) -> dict:
+  """benchmarks/decode.py's `main` (defaults on a GPU, tiny with --smoke); its table goes
+  to stderr, its rows into the report."""
+  if budget.left("decode") <= 0:
+    return {"status": "skipped: time budget"}
+  out = out_dir / "decode.json"
+  argv = ["benchmarks/decode.py", f"--out={out}", *scale.decode_argv]
+  with mock.patch.object(sys, "argv", argv), contextlib.redirect_stdout(sys.stderr):
+    decode.main()
+  result = json.loads(out.read_text())
+  return {"settings": {key: result[key] for key in ("d_model", "layers", "context", "repeats")},
+          "rows": result["rows"]}
+
+
+# The suite.
+
+class Report:
+  """The suite's JSON and Markdown, rewritten in DIR after every part."""
+
+  def __init__(self, out_dir: pathlib.Path, meta: dict, budget: Budget):
+    self.out_dir, self.budget = out_dir, budget
+    self.data = {"meta": meta}
+
+  def save(self, part: str, result: dict) -> None:
+    self.data[part] = result
+    self.data["meta"]["elapsed_s"] = self.budget.elapsed()
+    (self.out_dir / "gpu_suite.json").write_text(json.dumps(self.data, indent=1))
+    (self.out_dir / "gpu_suite.md").write_text(gpu_suite_tables.markdown(self.data))
+
+
+def run_part(report: Report, budget: Budget, name: str, part, *args) -> None:
+  """Runs a part; an exception becomes the part's error (with its traceback)."""
+  progress(budget, f"part {name}")
+  start = time.perf_counter()
+  try:
+    result = {"status": "ok", **part(*args)}
+  except Exception as error:  # A part's failure is its result; the suite goes on.
+    result = {"status": "error", "error": error_text(error),
+              "traceback": traceback.format_exc()[-8000:]}
+  result["elapsed_s"] = time.perf_counter() - start
+  report.save(name, result)
+
+
+def parse_args(argv):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", required=True, help="directory for the JSON, Markdown and logs")
+  parser.add_argument("--budget_s", type=float, default=420.0,
+                      help="seconds from the start after which no cell starts")
+  parser.add_argument("--blocked", action="store_true",
+                      help="also time impl='blocked' (the XLA path for CPU/TPU; on with --smoke)")
+  parser.add_argument("--smoke", action="store_true",
+                      help="tiny shapes, tests skipped: checks the suite itself, on CPU")
+  return parser.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+  args = parse_args(argv)
+  if not args.smoke and jax.default_backend() != "gpu":
+    sys.exit("no GPU found: run with --smoke to check the suite on CPU")
+  budget = Budget(args.budget_s)
+  scale = SMOKE if args.smoke else GPU
+  out_dir = pathlib.Path(args.out).resolve()
+  out_dir.mkdir(parents=True, exist_ok=True)
+  command = ["python -m benchmarks.gpu_suite", *(sys.argv[1:] if argv is None else argv)]
+  report = Report(out_dir, {"command": " ".join(command), "smoke": args.smoke,
+                            "budget_s": args.budget_s, "part_ends": PART_ENDS,
+                            "scale": dataclasses.asdict(scale)}, budget)
+  run_part(report, budget, "environment", environment_part)
+  run_part(report, budget, "tests", tests_part, scale, out_dir, budget)
+  impls = suite_impls(args.blocked or args.smoke)
+  run_part(report, budget, "cvmm", cvmm_part, scale, budget, impls, report.save)
+  run_part(report, budget, "training", training_part, scale, budget)
+  run_part(report, budget, "decode", decode_part, scale, out_dir, budget)
+  progress(budget, f"done: {out_dir / 'gpu_suite.json'}, {out_dir / 'gpu_suite.md'}")
+  print(gpu_suite_tables.markdown(report.data))
+  return report.data
+
+
+if __name__ == "__main__":
+  main()

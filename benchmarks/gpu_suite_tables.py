@@ -1,0 +1,153 @@
+"""The Markdown of a `benchmarks.gpu_suite` report, ready to paste into benchmarks/RESULTS.md.
+
+One section per part: a summary line of the GPU tests, a table each for cvmm, the MoE layer,
+the training step and decoding. A part that did not run (or is still running) says so; cells
+that did not run read "skipped" or "error" and their reasons are listed under the table.
+"""
+
+import collections
+
+CVMM_HEADER = [
+    "| dtype | d_model | N_E | impl | fwd ms | fwd TFLOP/s | fwd % roofline | fwd x dense "
+    "| fwd+bwd ms | fwd+bwd TFLOP/s | fwd+bwd % roofline | fwd+bwd x dense | fwd+bwd peak MiB |",
+    "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+OPS = {"cvmm": "cvmm: the up projection, x [T, d_model] shared by K slots, w [N_E, d_model, G]",
+       "moe_layer": "MoE layer: cvmm up, ReLU, gated cvmm down (gradients of x, W1, W2, gates)"}
+
+
+def number(value, spec: str) -> str:
+  return "n/a" if value is None else format(value, spec)
+
+
+def not_run(part: dict | None) -> str | None:
+  """Why a part has nothing to show (None: it has)."""
+  if part is None:
+    return "Not run."
+  if part["status"] == "error":
+    return f"Not measured: {part['error'].splitlines()[0]}"
+  if part["status"].startswith("skipped"):
+    return f"Not measured: {part['status']}."
+  return None
+
+
+def header(report: dict) -> str:
+  meta, env = report["meta"], report.get("environment") or {}
+  peaks = env.get("peaks")
+  peak_text = ("not in benchmarks/roofline.py's table: roofline columns read n/a" if not peaks
+               else f"{peaks['name']}: {peaks['tflops']['bfloat16']:g} TFLOP/s bfloat16, "
+                    f"{peaks['tflops']['float32']:g} TFLOP/s float32, "
+                    f"{peaks['hbm_tb_s']:g} TB/s HBM")
+  return "\n".join([
+      f"## `benchmarks/gpu_suite.py` on {env.get('device_kind', 'an unknown device')}",
+      "",
+      f"- Date: {env.get('date', 'n/a')}; jax {env.get('jax', 'n/a')}, jaxlib "
+      f"{env.get('jaxlib', 'n/a')}, Python {env.get('python', 'n/a')}; whole run "
+      f"{meta.get('elapsed_s', 0):.0f} s (budget {meta['budget_s']:g} s).",
+      f"- Peaks: {peak_text}.",
+      f"- Command: `{meta['command']}`"])
+
+
+def tests_line(part: dict | None) -> str:
+  """Counts (of the tests that finished, if pytest timed out) and the failing test ids."""
+  if part is None or "passed" not in part:
+    return f"Tests on the device: {not_run(part)}"
+  line = (f"Tests on the device ({', '.join(part['paths'])}): "
+          f"{part['passed']} passed, {part['failed']} failed, {part['skipped']} skipped")
+  if part["status"] == "error":
+    line += f" ({part['error'].splitlines()[0]})"
+  return line + (f"; failing: {', '.join(part['failing'])}" if part["failing"] else ".")
+
+
+def cell_columns(cell: dict | None) -> list[str]:
+  """ms, TFLOP/s, % roofline, x dense of one pass (a status word if it did not run)."""
+  if cell is None or cell["status"] != "ok":
+    status = "-" if cell is None else cell["status"].split(":")[0]
+    return [status, "-", "-", "-"]
+  fraction = cell["roofline_fraction"]
+  return [f"{cell['ms']:.3f}", f"{cell['tflops']:.3g}",
+          "n/a" if fraction is None else f"{100 * fraction:.0f}%",
+          number(cell["x_dense"], ".2f")]
+
+
+def cvmm_table(part: dict | None, op: str) -> str:
+  """One row per shape and impl (fwd and fwd+bwd side by side), by dtype, d_model, N_E."""
+  title = f"### {OPS[op]}"
+  reason = not_run(part)
+  if reason:
+    return f"{title}\n\n{reason}"
+  cells = [c for c in part["cells"] if c["op"] == op]
+  if not cells:
+    return f"{title}\n\nNo cells yet."
+  rows = collections.defaultdict(dict)
+  for cell in cells:
+    rows[cell["dtype"], cell["d_model"], cell["experts"], cell["impl"]][cell["pass"]] = cell
+  first = cells[0]
+  lines = [title, "", f"T = {first['tokens']} tokens, G = {first['group']}, K = {first['k']}; "
+           f"ms per call: median of {part['repeats']} interleaved samples after a warm-up, "
+           f"a sample being back-to-back calls lasting >= {part['min_sample_ms']:g} ms; "
+           "% roofline = max(FLOPs / peak, bytes / bandwidth) / time.", "", *CVMM_HEADER]
+  order = {key: i for i, key in enumerate(rows)}  # impls in the order they ran
+  for key in sorted(rows, key=lambda key: (*key[:3], order[key])):
+    fwd, fwd_bwd = rows[key].get("fwd"), rows[key].get("fwd_bwd")
+    memory = fwd_bwd and fwd_bwd.get("peak_memory_bytes")
+    lines.append("| " + " | ".join([*map(str, key), *cell_columns(fwd), *cell_columns(fwd_bwd),
+                                    number(memory and memory / 2**20, ".1f")]) + " |")
+  return "\n".join(lines + not_run_reasons(cells))
+
+
+def not_run_reasons(cells: list[dict]) -> list[str]:
+  """A bullet per distinct reason cells did not run: the reason, its impls, how many cells."""
+  impls, counts = collections.defaultdict(dict), collections.Counter()
+  for cell in cells:
+    if cell["status"] != "ok":
+      reason = cell["error"].splitlines()[0][:300] if cell["status"] == "error" else cell["status"]
+      impls[reason][cell["impl"]] = None
+      counts[reason] += 1
+  if not counts:
+    return []
+  return ["", "Not measured:"] + [f"- {', '.join(impls[reason])}: {reason} ({count} cells)"
+                                  for reason, count in counts.items()]
+
+
+def training_table(part: dict | None) -> str:
+  title = "### Training step (bfloat16 compute, f32 parameters, random tokens, one device)"
+  reason = not_run(part)
+  if reason:
+    return f"{title}\n\n{reason}"
+  lines = [title, "", f"Median of {part['steps']} steps after a warm-up step.", "",
+           "| model | params | batch x seq_len | ms/step | tokens/s | x dense | peak memory GiB |",
+           "|---|---:|---|---:|---:|---:|---:|"]
+  for row in part["rows"]:
+    shape = f"{row['batch_size']} x {row['seq_len']}"
+    if row["status"] != "ok":
+      status = row["status"] if row["status"] != "error" else f"error: {row['error'][:200]}"
+      lines.append(f"| {row['model']} | - | {shape} | {status} | - | - | - |")
+      continue
+    memory = row["peak_memory_bytes"]
+    lines.append(f"| {row['model']} | {row['params']:,} | {shape} | {row['step_ms']:.1f} | "
+                 f"{row['tokens_per_second']:.0f} | {number(row.get('x_dense'), '.2f')} | "
+                 f"{number(memory and memory / 2**30, '.2f')} |")
+  return "\n".join(lines)
+
+
+def decode_table(part: dict | None) -> str:
+  title = "### Decoding one token (benchmarks/decode.py)"
+  reason = not_run(part)
+  if reason:
+    return f"{title}\n\n{reason}"
+  settings = ", ".join(f"{key} {value}" for key, value in part["settings"].items())
+  lines = [title, "", f"{settings}.", "", "| variant | block ms | x dense | model ms | x dense |",
+           "|---|---:|---:|---:|---:|"]
+  for row in part["rows"]:
+    lines.append(f"| {row['variant']} | {row['block_ms']:.3f} | {row['block_speedup']:.2f} | "
+                 f"{row['model_ms']:.3f} | {row['model_speedup']:.2f} |")
+  return "\n".join(lines)
+
+
+def markdown(report: dict) -> str:
+  """The whole report as Markdown."""
+  cvmm = report.get("cvmm")
+  return "\n\n".join([header(report), tests_line(report.get("tests")),
+                      cvmm_table(cvmm, "cvmm"), cvmm_table(cvmm, "moe_layer"),
+                      training_table(report.get("training")),
+                      decode_table(report.get("decode"))]) + "\n"

@@ -1,0 +1,124 @@
+"""benchmarks/gpu_suite.py --smoke runs end to end and its derived numbers agree with the
+shapes (its timings are not checked here)."""
+
+import itertools
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from benchmarks import decode, gpu_suite, gpu_suite_tables, roofline
+
+MEASURED_IMPLS = ("dense", "pallas", "blocked", "ragged")
+no_gpu = pytest.mark.skipif(jax.default_backend() == "gpu", reason="checks the CPU behaviour")
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+  """The directory and JSON report of one smoke run."""
+  out = tmp_path_factory.mktemp("gpu_suite")
+  report = gpu_suite.main(["--smoke", "--out", str(out)])
+  assert json.loads((out / "gpu_suite.json").read_text()) == json.loads(json.dumps(report))
+  return out, report
+
+
+def active_flops(cell: dict) -> int:
+  """A cell's FLOPs from its shape: dense multiplies by all N_E * G units, the MoE by K * G;
+  the layer has two projections; forward + backward is three times the forward."""
+  units = cell["group"] * (cell["experts"] if cell["impl"] == "dense" else cell["k"])
+  projections = 1 if cell["op"] == "cvmm" else 2
+  passes = 3 if cell["pass"] == "fwd_bwd" else 1
+  return 2 * cell["tokens"] * cell["d_model"] * units * projections * passes
+
+
+def test_every_part_is_recorded(smoke_run):
+  out, report = smoke_run
+  assert list(report) == ["meta", "environment", "tests", "cvmm", "training", "decode"]
+  assert report["tests"]["status"] == "skipped: smoke"
+  assert all(report[part]["status"] == "ok"
+             for part in ("environment", "cvmm", "training", "decode"))
+  assert report["meta"]["command"] == f"python -m benchmarks.gpu_suite --smoke --out {out}"
+  assert report["environment"]["jax"] == jax.__version__
+
+
+def test_cvmm_and_layer_cells_are_timed_and_consistent(smoke_run):
+  _, report = smoke_run
+  cells = {(c["op"], c["impl"], c["pass"], c["dtype"]): c for c in report["cvmm"]["cells"]}
+  no_peaks = report["environment"]["peaks"] is None
+  for op, impl, pass_, dtype in itertools.product(("cvmm", "moe_layer"), MEASURED_IMPLS,
+                                                  gpu_suite.PASSES, gpu_suite.SMOKE.dtypes):
+    cell = cells[op, impl, pass_, dtype]
+    dense = cells[op, "dense", pass_, dtype]
+    assert cell["status"] == "ok", cell
+    assert cell["ms"] > 0 and cell["peak_memory_bytes"] > 0
+    assert cell["flops"] == active_flops(cell)
+    assert cell["tflops"] == pytest.approx(active_flops(cell) / (cell["ms"] * 1e-3) / 1e12)
+    assert cell["x_dense"] == pytest.approx(dense["ms"] / cell["ms"])
+    x_bytes = cell["tokens"] * cell["d_model"] * jnp.dtype(dtype).itemsize
+    assert cell["bytes"] > x_bytes
+    if no_peaks:
+      assert cell["roofline_us"] is None and cell["roofline_fraction"] is None
+
+
+@no_gpu
+def test_mosaic_cells_are_recorded_errors_on_cpu(smoke_run):
+  _, report = smoke_run
+  mosaic = [c for c in report["cvmm"]["cells"] if c["impl"] == "mosaic"]
+  assert len(mosaic) == 2 * len(gpu_suite.PASSES) * len(gpu_suite.SMOKE.dtypes)
+  assert all(c["status"] == "error" and "mosaic" in c["error"] for c in mosaic)
+
+
+def test_training_and_decode_rows(smoke_run):
+  _, report = smoke_run
+  moe, dense = report["training"]["rows"]
+  assert (moe["ff"]["kind"], dense["ff"]["kind"]) == ("sigma_moe", "dense")
+  for row in (moe, dense):
+    assert row["status"] == "ok" and row["dtype"] == "bfloat16" and row["step_ms"] > 0
+    tokens = row["batch_size"] * row["seq_len"]
+    assert row["tokens_per_second"] == pytest.approx(tokens / (row["step_ms"] * 1e-3))
+  assert moe["x_dense"] == pytest.approx(dense["step_ms"] / moe["step_ms"])
+  assert [r["variant"] for r in report["decode"]["rows"]] == list(decode.VARIANTS)
+
+
+def test_markdown_holds_every_table(smoke_run):
+  out, _ = smoke_run
+  markdown = (out / "gpu_suite.md").read_text()
+  assert markdown.count(gpu_suite_tables.CVMM_HEADER[0]) == 2
+  for title in ("### Training step", "### Decoding one token", "Tests on the device: Not "
+                "measured: skipped: smoke"):
+    assert title in markdown
+
+
+def test_no_cell_starts_after_the_time_budget(tmp_path):
+  report = gpu_suite.main(["--smoke", "--budget_s", "0", "--out", str(tmp_path)])
+  assert report["cvmm"]["cells"]
+  assert {c["status"] for c in report["cvmm"]["cells"]} == {"skipped: time budget"}
+  assert {r["status"] for r in report["training"]["rows"]} == {"skipped: time budget"}
+  assert report["decode"]["status"] == "skipped: time budget"
+  assert "skipped" in (tmp_path / "gpu_suite.md").read_text()
+
+
+@no_gpu
+def test_without_a_gpu_it_asks_for_smoke(tmp_path):
+  with pytest.raises(SystemExit, match="no GPU found: run with --smoke"):
+    gpu_suite.main(["--out", str(tmp_path)])
+
+
+def test_roofline_bound_is_the_slower_of_compute_and_memory():
+  h100 = roofline.device_peaks("NVIDIA H100 80GB HBM3")
+  assert roofline.bound_us(h100, "bfloat16", flops=989e9, num_bytes=1e6) == pytest.approx(1e3)
+  assert roofline.bound_us(h100, "float32", flops=1e6, num_bytes=3.35e9) == pytest.approx(1e3)
+  assert roofline.bound_us(roofline.device_peaks("cpu"), "float32", 1e6, 1e6) is None
+
+
+def test_junit_counts_skip_the_test_cut_short(tmp_path):
+  xml = tmp_path / "tests.xml"
+  xml.write_text(
+      '<testsuites><testsuite><testcase classname="t" name="a"/>'
+      '<testcase classname="t" name="b"><failure message="x"/></testcase>'
+      '<testcase classname="t" name="c"><error message="x"/></testcase>'
+      '<testcase classname="t" name="d"><skipped message="x"/></testcase>'
+      '<testcase time="0.0"/></testsuite></testsuites>')
+  assert gpu_suite.junit_counts(xml) == {"passed": 1, "failed": 2, "skipped": 1,
+                                         "failing": ["t::b", "t::c"]}
