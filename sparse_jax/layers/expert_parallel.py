@@ -4,14 +4,40 @@
 
 Routers run before this on global arrays (XLA partitions them, so their batch statistics
 cover the whole batch); only this part needs explicit communication. With expert
-parallelism each device holds `E_l = E / n_ep` experts and `N_l` tokens. It sends every token
-slot to the device of its expert with an `all_to_all`, multiplies the rows it received by its
-local experts (`pallas_kernels.expert_mlp`), and sends the results back. Send buffers hold
-`C = N_l * k` rows per destination, the worst case, so no slot is ever dropped and the result
-equals the single-device computation up to float reduction order.
+parallelism each device holds `E_l = E / n_ep` experts and `N_l` tokens, so `C = N_l * k`
+token slots. It sends every slot (token row, local expert id, gate) to the device of its
+expert, multiplies the rows it received by its local experts (`pallas_kernels.expert_mlp`;
+empty rows carry x = 0 and gate 0, so they add exactly nothing) and sends the results back
+to the same places. Two exchanges do this (`exchange=`):
+
+- "padded": one `all_to_all` per array with a block of `C` rows per destination, enough for
+  the worst case (all `C` slots to one device): send and receive buffers of `n_ep * C` rows
+  each way, `n_ep` times the average need. Runs on every backend.
+- "ragged": the devices first all-gather how many slots each sends to each (`n_ep^2`
+  integers), then `jax.lax.ragged_all_to_all` sends only the used rows: a send buffer of `C`
+  rows (the slots sorted by destination) and a receive buffer of `R` rows, and back. `R` must
+  be static. By default it is the most a device can ever receive, `n_ep * C` (every device of
+  its expert group sending it all of its slots), so no routing can overflow it. With
+  `recv_factor` it is `ceil(recv_factor * C)` (`C` is the average a device receives): smaller,
+  but a step whose routing needs more on some device cannot be computed exactly, so that
+  expert group returns NaN for every token (its loss becomes NaN and training stops) instead
+  of dropping slots; nothing is ever written past the buffer.
+- "auto" (the default): "ragged" on TPU, else "padded". XLA:CPU has no ragged-all-to-all
+  (jaxlib 0.10.2: "UNIMPLEMENTED: HLO opcode `ragged-all-to-all` is not supported by XLA:CPU
+  ThunkEmitter"), so on CPU "ragged" only lowers (its numbers are tested through an
+  emulation). XLA:GPU implements it, but public reports describe wrong gradients with 8
+  devices per expert group and crashes beyond 32 in jax 0.11 (workaround
+  `--xla_gpu_unsupported_enable_ragged_all_to_all_decomposer=true`), and it has not run on
+  a multi-GPU machine here: on GPUs it is opt-in (`exchange="ragged"`) until it has.
+
+Either way no slot is dropped and the result equals the single-device computation up to
+float reduction order. The local experts run over all received rows (padding included), so
+the receive buffer also bounds their FLOPs.
 """
 
 import functools
+import math
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +45,10 @@ from jax.sharding import PartitionSpec as P
 
 import pallas_kernels
 from sparse_jax import parallel
+
+EXCHANGES = ("auto", "ragged", "padded")
+# Where "auto" picks the ragged exchange (see the module docstring for GPUs and CPUs).
+RAGGED_PLATFORMS = ("tpu",)
 
 
 def _local_experts(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, *, impl, rate, key):
@@ -40,52 +70,132 @@ def check_expert_mesh(mesh, n_experts: int, n_tokens: int) -> None:
                      f"(mesh sizes {sizes}).")
 
 
-def _send_plan(dest_s: jax.Array, n_ep: int) -> tuple[jax.Array, jax.Array]:
-  """Where each of the `C` slots goes in the `[n_ep * C]` send buffer, and back.
+def resolve_exchange(exchange: str, mesh) -> str:
+  """"ragged" or "padded": `exchange`, with "auto" decided by the platform of `mesh`'s
+  devices (the default backend when the mesh does not say)."""
+  if exchange not in EXCHANGES:
+    raise ValueError(f"exchange must be one of {EXCHANGES}, got {exchange!r}")
+  if exchange != "auto":
+    return exchange
+  device = None if mesh.empty else mesh.abstract_device
+  platform = getattr(device, "platform", None) or jax.default_backend()
+  return "ragged" if platform in RAGGED_PLATFORMS else "padded"
 
-  A stable sort by destination gives each slot its rank within its destination's group;
-  slot s goes to row `dest[s] * C + rank[s]`. Returns `row_s [C]` and `slot_r [n_ep * C]`
-  (the slot a buffer row holds, `C` for padding rows).
+
+def check_recv_factor(recv_factor: float | None) -> None:
+  """Raises ValueError unless `recv_factor` is None or positive."""
+  if recv_factor is not None and not recv_factor > 0:
+    raise ValueError(f"recv_factor must be positive (or None: the worst case), "
+                     f"got {recv_factor}")
+
+
+def recv_rows(n_ep: int, slots: int, recv_factor: float | None) -> int:
+  """`R`, the rows of a device's ragged receive buffer for `slots = C` slots per device:
+  `n_ep * C` (the most any routing sends one device) or `ceil(recv_factor * C)`, capped."""
+  check_recv_factor(recv_factor)
+  if recv_factor is None:
+    return n_ep * slots
+  return min(n_ep * slots, math.ceil(recv_factor * slots))
+
+
+class _Route(NamedTuple):
+  """How one device's `C` slots reach their experts and come back.
+
+  slot_b: [B] the slot each row of the send buffer holds (`C` marks a padding row).
+  there: send buffer `[B, ...]` -> the rows this device received `[R, ...]` (empty rows 0).
+  back: results `[R, ...]` -> `[B, ...]`, each row where its slot was sent from.
+  fits: False (a traced boolean) when the receive buffer could not hold this step's slots.
   """
+  slot_b: jax.Array
+  there: Callable[[jax.Array], jax.Array]
+  back: Callable[[jax.Array], jax.Array]
+  fits: jax.Array | bool
+
+
+def _all_to_all(buf_b: jax.Array, n_ep: int) -> jax.Array:
+  """`all_to_all` over `expert`: block p of the `[n_ep * C, ...]` rows goes to device p, and
+  block p of the result came from device p (so the same call also sends results back)."""
+  buf_pc = buf_b.reshape(n_ep, -1, *buf_b.shape[1:])
+  buf_pc = jax.lax.all_to_all(buf_pc, parallel.EXPERT, split_axis=0, concat_axis=0)
+  return buf_pc.reshape(buf_b.shape)
+
+
+def _padded_route(dest_s: jax.Array, n_ep: int) -> _Route:
+  """Blocks of `C` rows per destination: slot s goes to row `dest[s] * C + rank[s]`, its rank
+  within its destination's slots (a stable sort by destination gives it)."""
   c = dest_s.shape[0]
   order_s = jnp.argsort(dest_s, stable=True)
   dest_sorted_s = dest_s[order_s]
   count_p = jnp.zeros((n_ep,), jnp.int32).at[dest_s].add(1)
   start_p = jnp.cumsum(count_p) - count_p
   row_sorted_s = dest_sorted_s * c + jnp.arange(c, dtype=jnp.int32) - start_p[dest_sorted_s]
-  row_s = jnp.zeros((c,), jnp.int32).at[order_s].set(row_sorted_s)
-  slot_r = jnp.full((n_ep * c,), c, jnp.int32).at[row_sorted_s].set(order_s.astype(jnp.int32))
-  return row_s, slot_r
+  slot_b = jnp.full((n_ep * c,), c, jnp.int32).at[row_sorted_s].set(order_s.astype(jnp.int32))
+  exchange = functools.partial(_all_to_all, n_ep=n_ep)
+  return _Route(slot_b, exchange, exchange, fits=True)
 
 
-def _exchange(buf_r: jax.Array, n_ep: int) -> jax.Array:
-  """`all_to_all` over `expert`: block p of the `[n_ep * C, ...]` rows goes to device p, and
-  block p of the result came from device p (so the same call also sends results back)."""
-  buf_pc = buf_r.reshape(n_ep, -1, *buf_r.shape[1:])
-  buf_pc = jax.lax.all_to_all(buf_pc, parallel.EXPERT, split_axis=0, concat_axis=0)
-  return buf_pc.reshape(buf_r.shape)
+def _ragged_all_to_all(buf_b, rows: int, send_start_p, send_count_p, dest_start_p,
+                       recv_count_p) -> jax.Array:
+  """`ragged_all_to_all` over `expert` into a zero buffer of `rows` rows: rows
+  `[send_start[p], + send_count[p])` go to device p at `dest_start[p]`; `recv_count[p]` rows
+  arrive from p. The buffer is built from `buf_b` so that it varies over the same mesh axes
+  (the result takes the buffer's type)."""
+  out_r = jnp.zeros_like(buf_b, shape=(rows, *buf_b.shape[1:]))
+  return jax.lax.ragged_all_to_all(buf_b, out_r, send_start_p, send_count_p, dest_start_p,
+                                   recv_count_p, axis_name=parallel.EXPERT)
 
 
-def _dispatch(x_nd, sel_nk, gates_nk, e_local: int, n_ep: int):
-  """Sends every slot's token row, local expert id and gate to its expert's device.
+def _ragged_route(dest_s: jax.Array, n_ep: int, rows: int) -> _Route:
+  """The slots sorted by destination, sent as one ragged piece per destination.
 
-  Returns the received `x_rd [n_ep * C, d]`, `expert_r`, `gate_r` (padding rows: x = 0, gate 0,
-  local expert 0, so they add exactly nothing) and `row_s`, where each slot's result returns.
+  `count_qp[q, p]` is how many slots device q sends to device p (all-gathered, so every
+  device of the expert group knows the whole matrix and they all agree on `fits`). In q's
+  send buffer its slots for p start at `send_start_qp[q, p]`; on p they land after those of
+  the devices before q, at `recv_start_qp[q, p]`. The way back swaps the two. If some device
+  would receive more than `rows`, every count is zeroed (nothing moves, `fits` is False).
   """
-  k = sel_nk.shape[1]
-  sel_s = sel_nk.reshape(-1)
-  row_s, slot_r = _send_plan(sel_s // e_local, n_ep)
-  x_rd = jnp.take(x_nd, slot_r // k, axis=0, mode="fill", fill_value=0)
-  expert_r = jnp.take(sel_s % e_local, slot_r, mode="fill", fill_value=0)
-  gate_r = jnp.take(gates_nk.reshape(-1), slot_r, mode="fill", fill_value=0)
-  return _exchange(x_rd, n_ep), _exchange(expert_r, n_ep), _exchange(gate_r, n_ep), row_s
+  c = dest_s.shape[0]
+  slot_b = jnp.argsort(dest_s, stable=True).astype(jnp.int32)
+  count_p = jnp.zeros((n_ep,), jnp.int32).at[dest_s].add(1)
+  count_qp = jax.lax.all_gather(count_p, parallel.EXPERT)
+  fits = jnp.all(jnp.sum(count_qp, axis=0) <= rows)
+  count_qp = jnp.where(fits, count_qp, 0)
+  send_start_qp = jnp.cumsum(count_qp, axis=1) - count_qp
+  recv_start_qp = jnp.cumsum(count_qp, axis=0) - count_qp
+  me = jax.lax.axis_index(parallel.EXPERT)
+  sent_p, received_p = count_qp[me], count_qp[:, me]
+
+  def there(buf_b):
+    return _ragged_all_to_all(buf_b, rows, send_start_qp[me], sent_p, recv_start_qp[me],
+                              received_p)
+
+  def back(buf_r):
+    return _ragged_all_to_all(buf_r, c, recv_start_qp[:, me], received_p,
+                              send_start_qp[:, me], sent_p)
+
+  return _Route(slot_b, there, back, fits)
+
+
+def _row_of_slot(slot_b: jax.Array, c: int) -> jax.Array:
+  """`[C]`: the send-buffer row holding each slot (padding rows, `slot == C`, dropped)."""
+  rows_b = jnp.arange(slot_b.shape[0], dtype=jnp.int32)
+  return jnp.zeros((c,), jnp.int32).at[slot_b].set(rows_b, mode="drop")
 
 
 def _expert_parallel_body(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, *maybe_key, n_ep,
-                          impl, rate, token_axes):
+                          exchange, recv_factor, impl, rate, token_axes):
   """One device's shard: `N_l` tokens and `E_l` experts (see the module docstring)."""
   n, k = sel_nk.shape
-  x_rd, expert_r, gate_r, row_s = _dispatch(x_nd, sel_nk, gates_nk, w_up_edg.shape[0], n_ep)
+  e_local = w_up_edg.shape[0]
+  sel_s = sel_nk.reshape(-1)
+  if exchange == "ragged":
+    route = _ragged_route(sel_s // e_local, n_ep, recv_rows(n_ep, n * k, recv_factor))
+  else:
+    route = _padded_route(sel_s // e_local, n_ep)
+  x_rd = route.there(jnp.take(x_nd, route.slot_b // k, axis=0, mode="fill", fill_value=0))
+  expert_r = route.there(jnp.take(sel_s % e_local, route.slot_b, mode="fill", fill_value=0))
+  gate_r = route.there(jnp.take(gates_nk.reshape(-1), route.slot_b, mode="fill",
+                                fill_value=0))
   key = jax.random.fold_in(maybe_key[0], jax.lax.axis_index(token_axes)) if maybe_key else None
   # The weights are the same on every device of a token axis other than `expert`; marking them
   # varying makes the transpose sum their gradient over those devices.
@@ -93,23 +203,32 @@ def _expert_parallel_body(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, *maybe_k
   w_up_edg, w_down_egd = jax.lax.pcast((w_up_edg, w_down_egd), other_axes, to="varying")
   y_rd = _local_experts(x_rd, expert_r[:, None], gate_r[:, None], w_up_edg, w_down_egd,
                         impl=impl, rate=rate, key=key)
-  y_nkd = jnp.take(_exchange(y_rd, n_ep), row_s, axis=0).reshape(n, k, -1)
-  return jnp.sum(y_nkd.astype(jnp.float32), axis=1).astype(x_nd.dtype)
+  y_bd = route.back(y_rd)
+  y_nkd = jnp.take(y_bd, _row_of_slot(route.slot_b, n * k), axis=0).reshape(n, k, -1)
+  y_nd = jnp.sum(y_nkd.astype(jnp.float32), axis=1).astype(x_nd.dtype)
+  return jnp.where(route.fits, y_nd, jnp.nan)
 
 
 def apply_experts(x_nd: jax.Array, sel_nk: jax.Array, gates_nk: jax.Array,
                   w_up_edg: jax.Array, w_down_egd: jax.Array, *, impl: str = "auto",
-                  dropout_rate: float = 0.0, dropout_key: jax.Array | None = None) -> jax.Array:
+                  dropout_rate: float = 0.0, dropout_key: jax.Array | None = None,
+                  exchange: str = "auto", recv_factor: float | None = None) -> jax.Array:
   """`y_nd`: the gated sum of the k selected experts' outputs for each token.
 
   Uses the ambient mesh (`jax.set_mesh`): with an `expert` axis of size > 1 the tokens are
-  split over the batch axes, the experts over `expert`, and slots travel by `all_to_all`;
-  otherwise (no mesh, or `expert` of size 1) everything runs locally. `dropout_key=None`
-  disables hidden dropout; under a mesh each device folds its position into the key. The
-  splits are `sparse_jax.parallel`'s for the logical axes `batch` and `experts`.
+  split over the batch axes, the experts over `expert`, and slots travel by the `exchange`
+  of the module docstring ("auto": ragged on GPU/TPU, padded elsewhere); otherwise (no
+  mesh, or `expert` of size 1) everything runs locally. `recv_factor` bounds the ragged
+  exchange's receive buffer to `recv_factor * N_l * k` rows (None: the worst case, which no
+  routing exceeds; see the module docstring for what happens beyond it); the padded
+  exchange always holds the worst case. `dropout_key=None` disables hidden dropout; under a
+  mesh each device folds its position into the key. The splits are `sparse_jax.parallel`'s
+  for the logical axes `batch` and `experts`.
   """
   mesh = jax.sharding.get_abstract_mesh()
   n_ep = parallel.axis_size(mesh, parallel.EXPERT)
+  exchange = resolve_exchange(exchange, mesh)
+  check_recv_factor(recv_factor)
   if n_ep == 1:
     return _local_experts(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, impl=impl,
                           rate=dropout_rate, key=dropout_key)
@@ -118,7 +237,8 @@ def apply_experts(x_nd: jax.Array, sel_nk: jax.Array, gates_nk: jax.Array,
   tokens = parallel.partition_spec(("batch", None), mesh=mesh)  # `[N, ...]` token rows
   # Inside the map a device holds whole experts: of `[E, M, L]` only `experts` is split.
   experts = parallel.partition_spec(("experts", None, None), mesh=mesh)
-  body = functools.partial(_expert_parallel_body, n_ep=n_ep, impl=impl, rate=dropout_rate,
+  body = functools.partial(_expert_parallel_body, n_ep=n_ep, exchange=exchange,
+                           recv_factor=recv_factor, impl=impl, rate=dropout_rate,
                            token_axes=token_axes)
   keys = () if dropout_key is None else (dropout_key,)
   mapped = jax.shard_map(body, in_specs=(tokens,) * 3 + (experts,) * 2 + (P(),) * len(keys),

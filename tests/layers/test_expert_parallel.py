@@ -2,10 +2,14 @@
 
 The meshed layer runs as `with jax.set_mesh(mesh): jax.jit(f)(...)` on the 8 CPU devices of
 conftest.py, with parameters and the batch placed as training places them
-(`parallel.state_shardings`, `parallel.batch_sharding`).
+(`parallel.state_shardings`, `parallel.batch_sharding`). On CPU the layers take the padded
+exchange ("auto"); the ragged one is checked on `apply_experts` directly: numerically on CPU
+through an emulated lowering of `ragged_all_to_all` (XLA:CPU has none; JAX's own JVP and
+transpose rules still run), and as lowered for an H100 mesh.
 """
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +17,10 @@ import ml_collections
 import numpy as np
 import pytest
 from flax import nnx
+from jax.extend.core.primitives import ragged_all_to_all_p
+from jax.interpreters import mlir
+from jax.sharding import AbstractDevice, AbstractMesh, AxisType
+from jax.sharding import PartitionSpec as P
 
 from sparse_jax import parallel
 from sparse_jax.layers import build_ff, expert_parallel
@@ -159,3 +167,153 @@ def test_indivisible_experts_or_tokens_raise():
   x, cotangent = inputs(4, (3, 4, D))
   with pytest.raises(ValueError, match="12 tokens"):
     run(make_layer("softmax_moe"), x, cotangent, (2, 1, 4), place=False)
+
+
+def _emulated_ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets,
+                                recv_sizes, *, axis_name, axis_index_groups):
+  """`ragged_all_to_all` as its docstring defines it, from `all_gather`s: each device gathers
+  every operand and writes the pieces addressed to it. NaN (or -1) everywhere if the sizes
+  disagree with `recv_sizes` or a piece would end past the output: mistakes of the caller
+  that real backends would not report."""
+  assert axis_index_groups is None
+  me = jax.lax.axis_index(axis_name)
+  operand_p = jax.lax.all_gather(operand, axis_name)
+  start_p, size_p, dest_p = (jax.lax.all_gather(a, axis_name)[:, me]
+                             for a in (input_offsets, send_sizes, output_offsets))
+  rows_r = jnp.arange(output.shape[0])
+  result = output
+  for p in range(operand_p.shape[0]):
+    offset_r = rows_r - dest_p[p]
+    hit_r = (offset_r >= 0) & (offset_r < size_p[p])
+    piece = jnp.take(operand_p[p], jnp.clip(start_p[p] + offset_r, 0, operand.shape[0] - 1),
+                     axis=0)
+    result = jnp.where(hit_r.reshape(-1, *[1] * (output.ndim - 1)), piece, result)
+  ok = jnp.all(size_p == recv_sizes) & jnp.all(dest_p + size_p <= output.shape[0])
+  bad = jnp.nan if jnp.issubdtype(output.dtype, jnp.floating) else -1
+  return jnp.where(ok, result, jnp.asarray(bad, output.dtype))
+
+
+@pytest.fixture(scope="module")
+def ragged_on_cpu():
+  """Makes `ragged_all_to_all` run on CPU: the real one if this jaxlib's XLA:CPU has it, else
+  the emulation (registered for the process; nothing else on CPU could run it anyway)."""
+  mesh = jax.make_mesh((2,), ("x",), axis_types=(AxisType.Auto,))
+  one_p = jnp.ones((2,), jnp.int32)
+
+  def swap(x):  # Row p of each device goes to device p.
+    return jax.lax.ragged_all_to_all(x, jnp.zeros_like(x), jnp.arange(2, dtype=jnp.int32),
+                                     one_p, jax.lax.axis_index("x") * one_p, one_p,
+                                     axis_name="x")
+
+  try:
+    jax.jit(jax.shard_map(swap, mesh=mesh, in_specs=P("x"), out_specs=P("x")))(jnp.ones(4))
+  except jax.errors.JaxRuntimeError as e:
+    assert "ragged-all-to-all" in str(e), e
+    mlir.register_lowering(ragged_all_to_all_p, mlir.lower_fun(
+        _emulated_ragged_all_to_all, multiple_results=False), platform="cpu")
+
+
+N_TOKENS, K = 32, 2
+
+
+@functools.partial(jax.jit, static_argnames=("exchange", "recv_factor"))
+def experts_and_grads(x, sel, gates, w_up, w_down, cotangent, exchange="auto",
+                      recv_factor=None):
+  """`apply_experts` and the gradients of `sum(y * cotangent)` w.r.t. x, gates, w_up, w_down."""
+
+  def loss(x, gates, w_up, w_down):
+    y = expert_parallel.apply_experts(x, sel, gates, w_up, w_down, impl="blocked",
+                                      exchange=exchange, recv_factor=recv_factor)
+    return jnp.sum(y * cotangent), y
+
+  (_, y), grads = jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(
+      x, gates, w_up, w_down)
+  return y, grads
+
+
+def expert_inputs(sel):
+  keys = jax.random.split(jax.random.key(11), 5)
+  return (jax.random.normal(keys[0], (N_TOKENS, D)), sel,
+          jax.random.uniform(keys[1], (N_TOKENS, K), minval=0.1),
+          jax.random.normal(keys[2], (E, D, G)), jax.random.normal(keys[3], (E, G, D)),
+          jax.random.normal(keys[4], (N_TOKENS, D)))
+
+
+def routing(name):
+  """`sel [N_TOKENS, K]`: distinct experts per token, drawn from a skewed distribution that
+  leaves experts 4, 5 and 7 empty, or all tokens on experts 0 and 1."""
+  if name == "all_on_0_and_1":
+    return jnp.tile(jnp.array([0, 1], jnp.int32), (N_TOKENS, 1))
+  rng = np.random.default_rng(0)
+  probs = np.array([8, 4, 2, 1, 0, 0, 1, 0]) / 16
+  return jnp.asarray(np.stack([rng.choice(E, K, replace=False, p=probs)
+                               for _ in range(N_TOKENS)]), jnp.int32)
+
+
+def on_mesh(mesh_shape, *args, **kwargs):
+  with jax.set_mesh(parallel.make_mesh(mesh_shape)):
+    return jax.device_get(experts_and_grads(*args, **kwargs))
+
+
+@pytest.mark.usefixtures("ragged_on_cpu")
+def test_ragged_and_padded_exchanges_equal_one_device():
+  """Skewed routing with idle experts (and devices receiving nothing), and every slot on
+  experts 0 and 1: on (2, 1, 4) expert-device 0 then receives exactly its worst-case
+  buffer, `n_ep * C` rows."""
+  for name in ("skewed", "all_on_0_and_1"):
+    args = expert_inputs(routing(name))
+    want = jax.device_get(experts_and_grads(*args))
+    assert np.abs(want[1][2]).max() > 0
+    for mesh_shape in [(1, 1, 8), (2, 1, 4)]:
+      for exchange in ("ragged", "padded"):
+        assert_tree_close(on_mesh(mesh_shape, *args, exchange=exchange), want)
+
+
+@pytest.mark.usefixtures("ragged_on_cpu")
+def test_ragged_receive_capacity_is_exact_or_nan():
+  """With `recv_factor=2` each device of (2, 1, 4) receives at most 2 * C = 16 rows. Uniform
+  routing fits and is exact. With the skewed routing in the second expert group (its
+  expert-device 0 needs 23 rows) that group returns NaN for all of its tokens, never a
+  silently dropped slot, while the first group stays exact."""
+  uniform = jnp.stack([jnp.arange(N_TOKENS) % E, (jnp.arange(N_TOKENS) + 3) % E], axis=1)
+  args = expert_inputs(uniform.astype(jnp.int32))
+  want = jax.device_get(experts_and_grads(*args))
+  assert_tree_close(on_mesh((2, 1, 4), *args, exchange="ragged", recv_factor=2.0), want)
+  half = N_TOKENS // 2
+  mixed = jnp.concatenate([uniform[:half], routing("skewed")[half:]]).astype(jnp.int32)
+  y, _ = on_mesh((2, 1, 4), *expert_inputs(mixed), exchange="ragged", recv_factor=2.0)
+  assert_tree_close(y[:half], want[0][:half])
+  assert np.isnan(y[half:]).all()
+  with pytest.raises(ValueError, match="recv_factor must be positive"):
+    on_mesh((2, 1, 4), *args, exchange="ragged", recv_factor=0.0)
+
+
+_H100 = AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=132, platform="gpu")
+_TPU = AbstractDevice(device_kind="TPU v5 lite", num_cores=1, platform="tpu")
+
+
+def test_auto_exchange_is_ragged_on_tpu_only_and_ragged_lowers_for_gpus():
+  cpu_mesh = parallel.make_mesh((2, 1, 4))
+  gpu_mesh, tpu_mesh = (AbstractMesh((2, 1, 4), parallel.MESH_AXES,
+                                     axis_types=(AxisType.Auto,) * 3, abstract_device=device)
+                        for device in (_H100, _TPU))
+  assert expert_parallel.resolve_exchange("auto", cpu_mesh.abstract_mesh) == "padded"
+  assert expert_parallel.resolve_exchange("ragged", cpu_mesh.abstract_mesh) == "ragged"
+  assert expert_parallel.resolve_exchange("auto", gpu_mesh) == "padded"
+  assert expert_parallel.resolve_exchange("auto", tpu_mesh) == "ragged"
+  with pytest.raises(ValueError, match="exchange must be one of"):
+    expert_parallel.resolve_exchange("dense", gpu_mesh)
+  # Lowered for the H100 mesh, the ragged exchange moves slots by ragged_all_to_all: forward x,
+  # expert ids and gates there and results back; backward the output cotangents there, the
+  # x and gate cotangents back. The only all_to_alls left exchange [n_ep] offsets (JAX's
+  # transpose rule); none carries a worst-case buffer.
+  shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in expert_inputs(routing("skewed"))]
+  with jax.sharding.use_abstract_mesh(gpu_mesh):
+    hlo = experts_and_grads.trace(*shapes, exchange="ragged").lower(
+        lowering_platforms=("cuda",)).as_text()
+  assert hlo.count("custom_call @ragged_all_to_all") == 7
+  assert set(re.findall(r'"stablehlo\.all_to_all"\(.*: \((tensor<[^>]*>)\)', hlo)) == {
+      "tensor<4xi32>"}
+  with jax.set_mesh(cpu_mesh):
+    hlo = experts_and_grads.lower(*expert_inputs(routing("skewed"))).as_text()
+  assert "all_to_all" in hlo and "ragged_all_to_all" not in hlo

@@ -1,5 +1,4 @@
-"""cvmm forward values of every impl against the float64 numpy oracle, and input checks."""
-
+"""cvmm values and gradients (x, w, gates) of every impl against the float64 oracle; jit, scan."""
 
 import jax
 import jax.numpy as jnp
@@ -7,51 +6,62 @@ import numpy as np
 import pytest
 
 from pallas_kernels import cvmm
-from cvmm_testing import CASES, assert_close, impl_cases, make_inputs, oracle
+from cvmm_testing import assert_close, impl_cases, make_inputs, oracle, oracle_vjp
 
-_cvmm_jit = jax.jit(cvmm, static_argnames="impl")
+
+def _vjp(x, sel, w, gates, cotangent, impl):
+  """cvmm(...) and the gradients of <cvmm(...), cotangent> with respect to x, w and (when
+  given) gates."""
+  y, pullback = jax.vjp(lambda x, w, gates: cvmm(x, sel, w, gates, impl=impl), x, w, gates)
+  return y, pullback(cotangent)
+
+
+_vjp_jit = jax.jit(_vjp, static_argnames="impl")
 
 
 @pytest.mark.parametrize("case, impl", impl_cases())
-def test_forward_matches_float64_oracle(case, impl):
-  x, sel, w, gates, _ = make_inputs(case)
-  y = _cvmm_jit(x, sel, w, gates, impl=impl)
+def test_values_and_gradients_match_float64_oracle(case, impl):
+  x, sel, w, gates, cotangent = make_inputs(case, seed=1)
+  y, (dx, dw, dgates) = _vjp_jit(x, sel, w, gates, cotangent, impl=impl)
   assert y.dtype == jnp.dtype(case.dtype)
   assert_close(y, oracle(x, sel, w, gates), case.dtype, f"{impl} y")
+  want_dx, want_dw, want_dgates = oracle_vjp(x, sel, w, gates, cotangent)
+  assert dx.dtype == x.dtype and dw.dtype == w.dtype
+  assert_close(dx, want_dx, case.dtype, f"{impl} dx")
+  assert_close(dw, want_dw, case.dtype, f"{impl} dw")
+  unused = np.setdiff1d(np.arange(case.experts), sel)
+  assert not np.any(np.asarray(dw)[unused]), "experts without rows must get a zero gradient"
+  if case.gated:
+    assert_close(dgates, want_dgates, case.dtype, f"{impl} dgates")
+  else:
+    assert dgates is None
 
 
-@pytest.mark.skipif(jax.default_backend() == "gpu", reason="auto is pallas on a GPU")
-def test_auto_is_blocked_off_gpu():
-  x, sel, w, gates, _ = make_inputs(CASES[1])
-  auto = cvmm(x, sel, w, gates)
-  np.testing.assert_array_equal(auto, cvmm(x, sel, w, gates, impl="blocked"))
+def _stack_of_layers(impl):
+  """A jitted loss over layers applied with lax.scan: h <- h + cvmm(h, sel_l, w_l, gates_l)."""
+  def loss(h_nm, sel_lnk, w_lemm, gates_lnk):
+    def layer(h, params):
+      sel, w, gates = params
+      return h + cvmm(h, sel, w, gates, impl=impl), None
+    h_nm, _ = jax.lax.scan(layer, h_nm, (sel_lnk, w_lemm, gates_lnk))
+    return jnp.sum(h_nm ** 2), h_nm
+  return jax.jit(jax.value_and_grad(loss, argnums=(0, 2, 3), has_aux=True))
 
 
-@pytest.mark.skipif(jax.default_backend() == "gpu", reason="checks the CPU refusal")
-def test_mosaic_off_gpu_says_where_it_runs():
-  x, sel, w, gates, _ = make_inputs(CASES[1])
-  with pytest.raises(ValueError, match="impl='mosaic' runs on NVIDIA Hopper GPUs only"):
-    cvmm(x, sel, w, gates, impl="mosaic")
+@pytest.mark.parametrize("impl", ["pallas", "blocked", "ragged"])
+def test_scan_over_layers_under_jit(impl):
+  n, k, experts, m, layers = 20, 2, 5, 16, 3
+  rng = np.random.default_rng(2)
+  h = rng.standard_normal((n, m)).astype(np.float32)
+  sel = rng.integers(0, experts, (layers, n, k)).astype(np.int32)
+  w = (rng.standard_normal((layers, experts, m, m)) / 4).astype(np.float32)
+  gates = rng.uniform(0.1, 1, (layers, n, k)).astype(np.float32)
 
-
-_GOOD = dict(x=np.ones((4, 8), np.float32), sel=np.zeros((4, 2), np.int32),
-             w=np.ones((3, 8, 16), np.float32), gates=None)
-
-
-@pytest.mark.parametrize("override, argument", [
-    (dict(impl="triton"), "impl"),
-    (dict(w=np.ones((8, 16), np.float32)), "w"),
-    (dict(sel=np.zeros((4,), np.int32)), "sel"),
-    (dict(sel=np.zeros((4, 2), np.float32)), "sel"),
-    (dict(x=np.ones((4, 9), np.float32)), "x"),
-    (dict(x=np.ones((4, 3, 8), np.float32)), "x"),
-    (dict(x=np.ones((4, 8), np.int32)), "x"),
-    (dict(w=np.ones((3, 8, 16), jnp.bfloat16)), "w"),
-    (dict(gates=np.ones((4, 3), np.float32)), "gates"),
-    (dict(gates=np.ones((4, 2), np.int32)), "gates"),
-])
-def test_invalid_inputs_raise_naming_the_argument(override, argument):
-  kwargs = {**_GOOD, **override}
-  impl = kwargs.pop("impl", "auto")
-  with pytest.raises(ValueError, match=f"^{argument} "):
-    cvmm(kwargs["x"], kwargs["sel"], kwargs["w"], kwargs["gates"], impl=impl)
+  (_, h_out), grads = _stack_of_layers(impl)(h, sel, w, gates)
+  want = np.float64(h)
+  for layer in range(layers):
+    want = want + oracle(want, sel[layer], w[layer], gates[layer])
+  assert_close(h_out, want, "float32", f"{impl} scan output")
+  (_, _), want_grads = _stack_of_layers("gather")(h, sel, w, gates)
+  for got, ref, name in zip(grads, want_grads, ("dh", "dw", "dgates")):
+    assert_close(got, np.float64(ref), "float32", f"{impl} scan {name}")
