@@ -217,7 +217,7 @@ def apply_experts(x_nd: jax.Array, sel_nk: jax.Array, gates_nk: jax.Array,
 
   Uses the ambient mesh (`jax.set_mesh`): with an `expert` axis of size > 1 the tokens are
   split over the batch axes, the experts over `expert`, and slots travel by the `exchange`
-  of the module docstring ("auto": ragged on GPU/TPU, padded elsewhere); otherwise (no
+  of the module docstring ("auto": ragged on TPU, padded elsewhere); otherwise (no
   mesh, or `expert` of size 1) everything runs locally. `recv_factor` bounds the ragged
   exchange's receive buffer to `recv_factor * N_l * k` rows (None: the worst case, which no
   routing exceeds; see the module docstring for what happens beyond it); the padded

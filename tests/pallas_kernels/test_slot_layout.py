@@ -41,8 +41,11 @@ def test_segments_cover_rows_once_within_one_tile_and_one_expert(n_slots, expert
 def test_blocked_layout_pads_each_expert_to_whole_blocks(n_slots, experts, block):
   sel = _routing(n_slots, experts, seed=block)
   layout = jax.jit(blocked.padded_layout, static_argnums=(1, 2))(sel, experts, block)
-  row_slot, slot_row, expert_b = map(np.asarray, layout)
+  row_slot, slot_row = np.asarray(layout.row_slot_r), np.asarray(layout.slot_row_s)
+  expert_b, used = np.asarray(layout.groups.expert_b), int(layout.groups.used)
   assert len(expert_b) == blocked.num_blocks(n_slots, experts, block) == len(row_slot) // block
+  assert used == sum(-(-np.sum(sel == e) // block) for e in range(experts))
+  assert np.all(row_slot[used * block:] == n_slots), "blocks past the used ones hold padding"
   np.testing.assert_array_equal(row_slot[slot_row], np.arange(n_slots))
   real = row_slot < n_slots
   assert real.sum() == n_slots
