@@ -49,8 +49,8 @@ def _triton_weight_grad(layout, x_rm, dy_rl, *, num_experts, out_dtype, interpre
 
 def _triton_backend(interpret: bool) -> Backend:
   return Backend(slot_layout.sorted_layout,
-                  functools.partial(_triton_matmul, interpret=interpret),
-                  functools.partial(_triton_weight_grad, interpret=interpret))
+                 functools.partial(_triton_matmul, interpret=interpret),
+                 functools.partial(_triton_weight_grad, interpret=interpret))
 
 
 def _mosaic_matmul(layout, x_rm, w_eml, *, transpose, out_dtype):
@@ -72,8 +72,8 @@ def _megablox_backend(interpret: bool) -> Backend:
 
 def _ragged_backend(library) -> Backend:
   return Backend(slot_layout.sorted_layout,
-                  functools.partial(ragged.matmul, library=library),
-                  functools.partial(ragged.weight_grad, library=library))
+                 functools.partial(ragged.matmul, library=library),
+                 functools.partial(ragged.weight_grad, library=library))
 
 
 _BACKENDS = {

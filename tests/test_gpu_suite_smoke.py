@@ -14,13 +14,6 @@ MEASURED_IMPLS = ("dense", "pallas", "blocked", "ragged")
 no_gpu = pytest.mark.skipif(jax.default_backend() == "gpu", reason="checks the CPU behaviour")
 
 
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-  """The directory and JSON report of one smoke run."""
-  out = tmp_path_factory.mktemp("gpu_suite")
-  report = gpu_suite.main(["--smoke", "--out", str(out)])
-  assert json.loads((out / "gpu_suite.json").read_text()) == json.loads(json.dumps(report))
-  return out, report
 
 
 def active_flops(cell: dict) -> int:
@@ -32,8 +25,7 @@ def active_flops(cell: dict) -> int:
   return 2 * cell["tokens"] * cell["d_model"] * units * projections * passes
 
 
-def test_every_part_is_recorded(smoke_run):
-  out, report = smoke_run
+def check_every_part_is_recorded(out, report):
   assert list(report) == ["meta", "environment", "tests", "cvmm", "training", "decode"]
   assert report["tests"]["status"] == "skipped: smoke"
   assert all(report[part]["status"] == "ok"
@@ -42,8 +34,7 @@ def test_every_part_is_recorded(smoke_run):
   assert report["environment"]["jax"] == jax.__version__
 
 
-def test_cvmm_and_layer_cells_are_timed_and_consistent(smoke_run):
-  _, report = smoke_run
+def check_cvmm_and_layer_cells_are_timed_and_consistent(out, report):
   cells = {(c["op"], c["impl"], c["pass"], c["dtype"]): c for c in report["cvmm"]["cells"]}
   no_peaks = report["environment"]["peaks"] is None
   for op, impl, pass_, dtype in itertools.product(("cvmm", "moe_layer"), MEASURED_IMPLS,
@@ -61,16 +52,13 @@ def test_cvmm_and_layer_cells_are_timed_and_consistent(smoke_run):
       assert cell["roofline_us"] is None and cell["roofline_fraction"] is None
 
 
-@no_gpu
-def test_mosaic_cells_are_recorded_errors_on_cpu(smoke_run):
-  _, report = smoke_run
+def check_mosaic_cells_are_recorded_errors_on_cpu(out, report):
   mosaic = [c for c in report["cvmm"]["cells"] if c["impl"] == "mosaic"]
   assert len(mosaic) == 2 * len(gpu_suite.PASSES) * len(gpu_suite.SMOKE.dtypes)
   assert all(c["status"] == "error" and "mosaic" in c["error"] for c in mosaic)
 
 
-def test_training_and_decode_rows(smoke_run):
-  _, report = smoke_run
+def check_training_and_decode_rows(out, report):
   moe, dense = report["training"]["rows"]
   assert (moe["ff"]["kind"], dense["ff"]["kind"]) == ("sigma_moe", "dense")
   for row in (moe, dense):
@@ -81,13 +69,25 @@ def test_training_and_decode_rows(smoke_run):
   assert [r["variant"] for r in report["decode"]["rows"]] == list(decode.VARIANTS)
 
 
-def test_markdown_holds_every_table(smoke_run):
-  out, _ = smoke_run
+def check_markdown_holds_every_table(out, report):
   markdown = (out / "gpu_suite.md").read_text()
   assert markdown.count(gpu_suite_tables.CVMM_HEADER[0]) == 2
   for title in ("### Training step", "### Decoding one token", "Tests on the device: Not "
                 "measured: skipped: smoke"):
     assert title in markdown
+
+
+def test_one_smoke_run_records_every_part_consistently(tmp_path):
+  """One smoke run (it takes a minute) checked part by part."""
+  out = tmp_path
+  report = gpu_suite.main(["--smoke", "--out", str(out)])
+  assert json.loads((out / "gpu_suite.json").read_text()) == json.loads(json.dumps(report))
+  check_every_part_is_recorded(out, report)
+  check_cvmm_and_layer_cells_are_timed_and_consistent(out, report)
+  if jax.default_backend() != "gpu":
+    check_mosaic_cells_are_recorded_errors_on_cpu(out, report)
+  check_training_and_decode_rows(out, report)
+  check_markdown_holds_every_table(out, report)
 
 
 def test_no_cell_starts_after_the_time_budget(tmp_path):
