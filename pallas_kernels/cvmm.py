@@ -43,7 +43,7 @@ def _grouped_cvmm(backend, x, sel_nk, w_eml, gates_nk):
 
 def _grouped_cvmm_fwd(backend, x, sel_nk, w_eml, gates_nk):
   n, k = sel_nk.shape
-  num_experts, size_m, size_l = w_eml.shape
+  num_experts, _, size_l = w_eml.shape
   layout = backend.make_layout(sel_nk.reshape(-1), num_experts)
   x_rm = _layout_x_rows(x, layout, k)
   z_dtype = x.dtype if gates_nk is None else jnp.float32

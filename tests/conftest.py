@@ -16,6 +16,17 @@ jax.config.update("jax_disable_most_optimizations", True)
 # Eight simulated CPU devices for the mesh tests; everything else runs on the first one.
 jax.config.update("jax_num_cpu_devices", 8)
 
+# Run first: the tests that take a minute or more (training runs, subprocesses). With `-n 2`
+# the workers take tests in collection order, so a long test collected last would run alone at
+# the end while the other worker idles; started first, they overlap with the short ones.
+_LONG_TESTS_FIRST = ("tests/training/", "tests/test_cli.py", "tests/test_gpu_suite_smoke.py",
+                     "tests/test_scaling_benchmark_smoke.py")
+
+
+def pytest_collection_modifyitems(items):
+  items.sort(key=lambda item: not item.nodeid.startswith(_LONG_TESTS_FIRST))
+
+
 _FILES_PER_SPLIT = {"train": 12, "validation": 3, "test": 3}
 _MAX_FILE_BYTES = 20_000
 
