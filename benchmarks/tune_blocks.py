@@ -15,14 +15,13 @@ import argparse
 import itertools
 import json
 import os
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import cvmm as cvmm_benchmark
 from pallas_kernels import mosaic_matmul, mosaic_weight_grad, slot_layout, triton_matmul
 from pallas_kernels import triton_weight_grad
 
@@ -52,11 +51,13 @@ def _parse(argv):
 
 
 def _problem(tokens, k, experts, size_k, size_n, seed=0):
-  """Rows sorted by expert (x [S, K], dy [S, N]), both weight layouts and the groups."""
+  """Rows sorted by expert (x [S, K], dy [S, N]), the weights w [E, K, N] and the groups,
+  routed as `benchmarks/cvmm.py` routes (uniform random top-k)."""
   rng = np.random.default_rng(seed)
-  sel_s = np.argsort(rng.random((tokens, experts)), axis=1)[:, :k].reshape(-1)
+  sel_nk, _ = cvmm_benchmark.random_routing(jax.random.key(seed), tokens, experts, k,
+                                            jnp.bfloat16)
   groups = jax.jit(slot_layout.sorted_layout, static_argnums=1)(
-      jnp.asarray(sel_s, jnp.int32), experts).groups
+      sel_nk.reshape(-1), experts).groups
   as_bf16 = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)
   num_rows = tokens * k
   return dict(x=as_bf16(num_rows, size_k), dy=as_bf16(num_rows, size_n),
@@ -83,24 +84,14 @@ def _kernel_calls(problem, interpret: bool) -> dict:
   }
 
 
-def _median_ms(call, repeats: int) -> float:
-  """Median wall time of `call()` in ms after one warm-up (compile) call."""
-  jax.block_until_ready(call())
-  samples = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(call())
-    samples.append((time.perf_counter() - start) * 1e3)
-  return statistics.median(samples)
-
-
 def _sweep(candidates, run, repeats: int) -> list[dict]:
   """One row per candidate (None = the kernel's default tiles): ms, or the error."""
   rows = []
   for blocks in [None, *candidates]:
     row = {"blocks": "default" if blocks is None else vars(blocks)}
     try:
-      row["ms"] = _median_ms(lambda: run(blocks), repeats)
+      row["ms"] = cvmm_benchmark.time_interleaved_ms({"tiles": (run, (blocks,))},
+                                                     repeats)["tiles"]
     except Exception as error:  # A tile shape that does not fit is a result, not a crash.
       row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
     rows.append(row)
