@@ -37,5 +37,6 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.dtype = "float32"
   config.model.ff = ml_collections.ConfigDict({"kind": "dense", "d_ff": 2053, "dropout": 0.1})
 
+  paper_training.authors_transformer_xl(config.model)
   paper_training.paper_train_and_eval(config)  # Table 6: no warmup.
   return config

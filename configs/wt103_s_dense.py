@@ -39,5 +39,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.dtype = "float32"
   config.model.ff = ml_collections.ConfigDict({"kind": "dense", "d_ff": 2053, "dropout": 0.1})
 
+  paper_training.authors_transformer_xl(config.model)
   paper_training.paper_train_and_eval(config)  # Table 6: no warmup.
+  config.train.grad_clip = 0.1  # The authors' dense WT-S runs (MoE runs and WT-B: 0.25).
   return config

@@ -14,6 +14,7 @@ from sparse_jax.config_overrides import switch_kinds, tagged_sections
 from sparse_jax.data import classification, datasets
 from sparse_jax.layers import registry
 from sparse_jax.models import classifier, encoder, lm, plugins
+from sparse_jax.models.accounting import model_report
 from sparse_jax.validation import ConfigError
 
 _schema = dataclasses.dataclass(frozen=True, kw_only=True)
@@ -303,12 +304,10 @@ def test_derived_values_follow_what_they_derive_from():
   config.eval.mem_len = 100  # an explicit value wins
   assert config.eval.mem_len == 100 and config.data.seq_len == 64
   big = wt103_b_dense.get_config()
-  assert (big.train.warmup_steps, big.eval.mem_len, big.eval.batch_size) == (4000, 2048, 64)
+  assert (big.train.warmup_steps, big.eval.mem_len, big.eval.batch_size) == (4000, 2048, 4)
   big.data.update(batch_size=8, sp_vocab_size=4000)
   big.train.steps = 1000
-  assert (big.train.warmup_steps, big.eval.batch_size, big.model.vocab_size) == (40, 8, 4000)
-  big.eval.batch_size = 2
-  assert big.data.batch_size == 8
+  assert (big.train.warmup_steps, big.eval.batch_size, big.model.vocab_size) == (40, 4, 4000)
   assert default_dense.get_config().train.warmup_steps == 40
 
 
@@ -322,10 +321,11 @@ def _lm_configs():
   for model in sigma_moe_paper.MODELS:
     yield f"sigma_moe_paper:{model}", sigma_moe_paper.get_config(model)
     yield f"dense_paper:{model}", dense_paper.get_config(model)
-  for variant in ("sigma_moe", "switch", "noisy_topk", "sbase", "softmax_renorm",
-                  "softmax_no_renorm", "standard_dropout", "no_reg", "standard_init", "k2_g256",
-                  "k1_g512", "pkm_relu", "pkm_softmax", "topk"):
-    yield f"moe_variants:wt103_s,{variant}", moe_variants.get_config(f"wt103_s,{variant}")
+  for model in sigma_moe_paper.MODELS:
+    for variant in moe_variants.VARIANTS:
+      if "pkm" in variant and model not in moe_variants.PKM_SUBKEYS:
+        continue
+      yield f"moe_variants:{model},{variant}", moe_variants.get_config(f"{model},{variant}")
   for variant in scaling_small.VARIANTS:
     yield f"scaling_small:{variant}", scaling_small.get_config(variant)
 
@@ -336,3 +336,22 @@ def test_every_lm_config_file_fits_the_schemas():
     data = datasets.parse(config.data)
     assert config.model.vocab_size >= data.spec().vocab_size, name
     assert 0 <= config.train.warmup_steps < config.train.steps, name
+
+
+# Tables 6 and 7: total parameters of each paper model (dense and sigma-MoE alike).
+PAPER_PARAMS = {"wt103_s": 47e6, "wt103_s_star": 238e6, "wt103_b": 262e6, "e8": 41e6}
+
+
+@pytest.mark.parametrize("model", sorted(PAPER_PARAMS))
+def test_paper_configs_keep_the_parameter_counts_of_tables_6_and_7(model):
+  dense = model_report(dense_paper.get_config(model).model)["total_params"]
+  assert dense == pytest.approx(PAPER_PARAMS[model], rel=0.01)
+  variants = ["sigma_moe", "switch", "sbase", "topk"]
+  if model in moe_variants.PKM_SUBKEYS:
+    variants += ["pkm_relu", "pkm_relu_init"]
+  for variant in variants:
+    params = model_report(moe_variants.get_config(f"{model},{variant}").model)["total_params"]
+    assert abs(params - dense) < 0.01 * dense, variant  # "parameter matched"
+  if model in moe_variants.PKM_SUBKEYS:
+    values_matched = moe_variants.get_config(f"{model},pkm_values_relu").model
+    assert model_report(values_matched)["total_params"] < 0.97 * dense

@@ -33,14 +33,13 @@ class DenseFF(FeedForward):
     self.b_down = nnx.Param(jnp.zeros((d_model,)), logical_axes=("embed",))
     self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
-  def activation(self, pre_btf: jax.Array) -> jax.Array:
-    """The hidden nonlinearity (`activation`); subclasses sparsify it."""
-    return ACTIVATIONS[self.activation_name](pre_btf)
+  def hidden(self, pre_btf: jax.Array) -> jax.Array:
+    """The hidden units: the nonlinearity (`activation`), then dropout; subclasses sparsify."""
+    return self.dropout(ACTIVATIONS[self.activation_name](pre_btf))
 
   def __call__(self, x_btd: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
     dtype = x_btd.dtype
-    h_btf = self.activation(x_btd @ self.w_up[...].astype(dtype) + self.b_up[...].astype(dtype))
-    h_btf = self.dropout(h_btf)
+    h_btf = self.hidden(x_btd @ self.w_up[...].astype(dtype) + self.b_up[...].astype(dtype))
     y_btd = h_btf @ self.w_down[...].astype(dtype) + self.b_down[...].astype(dtype)
     return y_btd, {"reg_loss": jnp.zeros((), jnp.float32)}
 

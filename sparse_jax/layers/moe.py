@@ -24,7 +24,7 @@ from sparse_jax.layers.feed_forward import FeedForward
 from sparse_jax.layers.routers import SigmaRouter
 from sparse_jax.layers.routers.routing import Router, usage_counts
 
-EXPERT_INITS = ("sigma", "standard", "switch")
+EXPERT_INITS = ("sigma", "standard", "switch", "fedus")
 
 
 def expert_stds(init: str, d_model: int, n_experts: int, expert_size: int,
@@ -33,13 +33,16 @@ def expert_stds(init: str, d_model: int, n_experts: int, expert_size: int,
 
   sigma (Sec. 5): as the dense baseline, `sqrt(2 / (fan_in * n_layers))` with the fan-in of
   the whole `d_ff = G * N_E` for W2. standard (the ablation): the fan-in of one expert (G).
-  switch (Fedus et al.): `sqrt(0.1 / fan_in)` of each matrix.
+  switch (the authors' Switch runs): the standard init scaled by sqrt(0.1),
+  `sqrt(0.2 / (fan_in * n_layers))` with fan-ins d_model and G. fedus (Fedus et al., the
+  paper's text): `sqrt(0.1 / fan_in)`, not depth-scaled.
   """
-  if init == "switch":
+  if init == "fedus":
     return math.sqrt(0.1 / d_model), math.sqrt(0.1 / expert_size)
   down_fan_in = expert_size * n_experts if init == "sigma" else expert_size
-  return (initializers.depth_scaled_std(d_model, n_layers),
-          initializers.depth_scaled_std(down_fan_in, n_layers))
+  scale = math.sqrt(0.1) if init == "switch" else 1.0
+  return (scale * initializers.depth_scaled_std(d_model, n_layers),
+          scale * initializers.depth_scaled_std(down_fan_in, n_layers))
 
 
 class MoE(FeedForward):
@@ -72,7 +75,7 @@ class MoE(FeedForward):
 
   def __call__(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
     x_nd = x.reshape(-1, self.d_model)
-    r = self.router(x_nd)
+    r = self.router(x_nd, seq_len=x.shape[-2] if x.ndim > 1 else 1)
     dtype = x.dtype
     dropout = self.expert_hidden_dropout > 0 and not self.deterministic
     y_nd = expert_parallel.apply_experts(

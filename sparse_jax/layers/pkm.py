@@ -4,6 +4,12 @@ The input itself is the query (no query network, no batch norm). It is split int
 `x_a | x_b`; per head, each half scores `n_subkeys` sub-keys, the top-`knn` of each half are
 combined into the `knn^2` candidate sums `u[i] = u_b[i // n] + u_a[i mod n]` (Eq. 8), and the
 top-`knn` candidates, which are guaranteed to be the top-`knn` of all `n^2`, select values.
+
+When `knn >= n_subkeys` the first top-k keeps every sub-key, and the authors' code (which all
+their sweeps ran: knn 128 against 46-89 sub-keys) switches to a dense read instead: the scores
+of all `n^2` values, summed over the heads, then the activation over all of them
+(`dense_scores`). That is our default there too; `dense_when_knn_covers=False` keeps the
+per-head top-knn of Lample's algorithm.
 """
 
 import jax
@@ -14,7 +20,7 @@ from sparse_jax.layers import initializers
 from sparse_jax.layers.feed_forward import FeedForward
 
 ACTIVATIONS = ("relu", "softmax")
-INITS = ("lample", "dense")
+INITS = ("authors", "dense", "lample")
 # Tables of at most this many values per selected value (`n_heads * knn`) are read densely.
 DENSE_READ_MAX_RATIO = 16
 
@@ -57,6 +63,13 @@ def weighted_value_sum(weights_nhk: jax.Array, ids_nhk: jax.Array, values_vd: ja
   return weights_nv @ values_vd
 
 
+def dense_scores(scores_a_nhs: jax.Array, scores_b_nhs: jax.Array) -> jax.Array:
+  """`[N, n^2]` the score of every value, summed over the heads: value `j * n + i` scores
+  `sum_h scores_b[h, j] + scores_a[h, i]`."""
+  sum_a_ns, sum_b_ns = scores_a_nhs.sum(axis=1), scores_b_nhs.sum(axis=1)
+  return (sum_b_ns[:, :, None] + sum_a_ns[:, None, :]).reshape(sum_a_ns.shape[0], -1)
+
+
 def use_dense_read(n_values: int, n_heads: int, knn: int) -> bool:
   """Dense reads for tables of at most `DENSE_READ_MAX_RATIO` values per selected value."""
   return n_values <= DENSE_READ_MAX_RATIO * n_heads * knn
@@ -66,28 +79,34 @@ class PKM(FeedForward):
   """`y = sum_{heads, knn} act(score) * values[id]`; FF contract `y, aux = pkm(x)`.
 
   `activation="relu"` is the paper's non-competitive choice; `"softmax"` is Lample's, taken
-  jointly over heads x knn. `init="dense"` is "PKM + init" (Table 5): sub-keys and values
-  initialised like the dense baseline's W1 and W2 (d_ff = number of values); `"lample"` uses
-  uniform sub-keys in `+-1/sqrt(d_model / 2)` and values `N(0, 1/d_model)`.
+  jointly over heads x knn (over all values on the dense path). Inits: `"authors"` (their
+  default) draws sub-keys and values from N(0, 2 / (n_layers d_model)); `"dense"` is
+  "PKM + init" (Table 5): sub-keys and values initialised like the dense baseline's W1 and W2
+  (d_ff = number of values); `"lample"` uses uniform sub-keys in `+-1/sqrt(d_model / 2)` and
+  values `N(0, 1/d_model)`.
 
-  `flops_per_token` counts the sparse read (`knn` values per head), as the paper does; small
-  tables are read densely (`weighted_value_sum`), which is faster on CPU.
+  `dense_when_knn_covers` (default True) takes the authors' dense path when
+  `knn >= n_subkeys` (module docstring). `flops_per_token` counts the sparse read (`knn`
+  values per head), as the paper does, or the whole table on the dense path; small tables
+  are read densely on the sparse path too (`weighted_value_sum`), which is faster on CPU.
   """
 
   def __init__(self, d_model: int, n_subkeys: int, knn: int, *, n_layers: int,
-               n_heads: int = 4, activation: str = "relu", init: str = "lample",
-               rngs: nnx.Rngs):
+               n_heads: int = 4, activation: str = "relu", init: str = "authors",
+               dense_when_knn_covers: bool = True, rngs: nnx.Rngs):
     if d_model % 2 or activation not in ACTIVATIONS or init not in INITS:
       raise ValueError(f"PKM needs an even d_model, activation in {ACTIVATIONS}, init in "
                        f"{INITS}; got {d_model}, {activation!r}, {init!r}.")
     self.d_model, self.n_subkeys, self.knn, self.n_heads = d_model, n_subkeys, knn, n_heads
     self.activation = activation
+    self.dense_path = dense_when_knn_covers and knn >= n_subkeys
     half, n_values = d_model // 2, n_subkeys ** 2
     key_shape = (n_heads, 2, n_subkeys, half)
-    if init == "dense":
-      keys = initializers.normal(initializers.depth_scaled_std(d_model, n_layers))(
-          rngs.params(), key_shape)
-      value_std = initializers.depth_scaled_std(n_values, n_layers)
+    if init in ("authors", "dense"):
+      key_std = initializers.depth_scaled_std(d_model, n_layers)
+      keys = initializers.normal(key_std)(rngs.params(), key_shape)
+      value_std = key_std if init == "authors" else initializers.depth_scaled_std(
+          n_values, n_layers)
     else:
       bound = half ** -0.5
       keys = jax.random.uniform(rngs.params(), key_shape, minval=-bound, maxval=bound)
@@ -105,20 +124,30 @@ class PKM(FeedForward):
                           preferred_element_type=jnp.float32)
     scores_b = jnp.einsum("nd,hsd->nhs", x_nd[:, half:], keys[:, 1],
                           preferred_element_type=jnp.float32)
-    scores_nhk, ids_nhk = product_key_topk(scores_a, scores_b, self.knn)
-    if self.activation == "relu":
-      weights_nhk = jax.nn.relu(scores_nhk)
+    values = self.values[...].astype(dtype)
+    if self.dense_path:
+      weights_nv = self._activate(dense_scores(scores_a, scores_b))
+      y_nd = weights_nv.astype(dtype) @ values
+      usage = jnp.sum(weights_nv > 0, axis=0, dtype=jnp.int32)
     else:
+      scores_nhk, ids_nhk = product_key_topk(scores_a, scores_b, self.knn)
       n = scores_nhk.shape[0]
-      weights_nhk = jax.nn.softmax(scores_nhk.reshape(n, -1), axis=-1).reshape(
-          scores_nhk.shape)
-    y_nd = weighted_value_sum(
-        weights_nhk.astype(dtype), ids_nhk, self.values[...].astype(dtype),
-        dense=use_dense_read(self.n_subkeys ** 2, self.n_heads, self.knn))
-    usage = jnp.zeros((self.n_subkeys ** 2,), jnp.int32).at[ids_nhk].add(1)
+      weights_nhk = self._activate(scores_nhk.reshape(n, -1)).reshape(scores_nhk.shape)
+      y_nd = weighted_value_sum(
+          weights_nhk.astype(dtype), ids_nhk, values,
+          dense=use_dense_read(self.n_subkeys ** 2, self.n_heads, self.knn))
+      usage = jnp.zeros((self.n_subkeys ** 2,), jnp.int32).at[ids_nhk].add(1)
     return y_nd.reshape(x.shape), {"reg_loss": jnp.zeros((), jnp.float32),
                                    "value_usage": usage}
 
+  def _activate(self, scores_nm: jax.Array) -> jax.Array:
+    """ReLU, or a softmax over each row (all heads x knn, or all values)."""
+    if self.activation == "relu":
+      return jax.nn.relu(scores_nm)
+    return jax.nn.softmax(scores_nm, axis=-1)
+
   def flops_per_token(self) -> int:
-    """Sub-key scores of both halves for every head, then `knn` values per head."""
-    return self.n_heads * (self.n_subkeys * self.d_model + self.knn * self.d_model)
+    """Sub-key scores of both halves for every head, then `knn` values per head (the whole
+    table, `n^2` values, on the dense path)."""
+    values_read = self.n_subkeys ** 2 if self.dense_path else self.n_heads * self.knn
+    return self.n_heads * self.n_subkeys * self.d_model + values_read * self.d_model

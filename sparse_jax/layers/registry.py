@@ -18,7 +18,8 @@ import pallas_kernels
 from sparse_jax import schema, validation
 from sparse_jax.layers import moe, pkm
 from sparse_jax.layers.dense_ff import ACTIVATIONS, DenseFF
-from sparse_jax.layers.routers import NoisyTopKRouter, SBaseRouter, SoftmaxRouter, SwitchRouter
+from sparse_jax.layers.routers import (NoisyTopKRouter, SBaseRouter, SoftmaxRouter, SwitchRouter,
+                                       noisy_topk, sbase, softmax, switch)
 from sparse_jax.layers.sparse_ff import SparseFF
 from sparse_jax.layers.topk_ff import TopKFF
 
@@ -86,6 +87,7 @@ class TopKFFConfig(FFConfig):
   d_ff: schema.PositiveInt
   k: schema.PositiveInt
   dropout: schema.Probability = 0.0
+  after_dropout: bool = False  # Top-K of the dropped-out units (the authors' code).
 
   def check(self, path: str) -> None:
     _require_at_most(self.k, self.d_ff, f"{path}.k", f"{path}.d_ff")
@@ -93,7 +95,8 @@ class TopKFFConfig(FFConfig):
 
 @register_ff("topk", TopKFFConfig)
 def _build_topk(ff: TopKFFConfig, *, d_model, n_layers, rngs):
-  return TopKFF(d_model, ff.d_ff, ff.k, n_layers=n_layers, dropout=ff.dropout, rngs=rngs)
+  return TopKFF(d_model, ff.d_ff, ff.k, n_layers=n_layers, dropout=ff.dropout,
+                after_dropout=ff.after_dropout, rngs=rngs)
 
 
 @_schema
@@ -102,7 +105,8 @@ class PKMConfig(FFConfig):
   knn: schema.PositiveInt
   n_heads: schema.PositiveInt = 4
   activation: Literal[pkm.ACTIVATIONS] = "relu"
-  init: Literal[pkm.INITS] = "lample"
+  init: Literal[pkm.INITS] = "authors"
+  dense_when_knn_covers: bool = True  # knn >= n_subkeys: the authors' dense path.
 
   def check(self, path: str) -> None:
     _require_at_most(self.knn, self.n_subkeys ** 2, f"{path}.knn", f"{path}.n_subkeys^2")
@@ -114,7 +118,8 @@ class PKMConfig(FFConfig):
 @register_ff("pkm", PKMConfig)
 def _build_pkm(ff: PKMConfig, *, d_model, n_layers, rngs):
   return pkm.PKM(d_model, ff.n_subkeys, ff.knn, n_layers=n_layers, n_heads=ff.n_heads,
-                 activation=ff.activation, init=ff.init, rngs=rngs)
+                 activation=ff.activation, init=ff.init,
+                 dense_when_knn_covers=ff.dense_when_knn_covers, rngs=rngs)
 
 
 @_schema
@@ -159,50 +164,69 @@ def _build_sigma_moe(ff: SigmaMoEConfig, *, d_model, n_layers, rngs):
 
 @_schema
 class SwitchConfig(MoEConfig):
-  capacity_factor: schema.PositiveFloat
+  """Defaults are the authors' runs; `capacity_factor` (e.g. 1.25), `balance="eq17"` and
+  `init="fedus"` are the paper text's Switch."""
+
+  capacity_factor: schema.PositiveFloat | None = None  # None: no token is dropped.
+  balance: Literal[switch.BALANCE_LOSSES] = "authors"
   init: Literal[moe.EXPERT_INITS] = "switch"
 
 
 @register_ff("switch", SwitchConfig)
 def _build_switch(ff: SwitchConfig, *, d_model, n_layers, rngs):
+  selector_init = ff.init if ff.init in ("switch", "fedus") else "sigma"
   router = SwitchRouter(d_model, ff.n_experts, n_layers=n_layers,
-                        capacity_factor=ff.capacity_factor, reg_coef=ff.reg_coef, rngs=rngs)
+                        capacity_factor=ff.capacity_factor, reg_coef=ff.reg_coef,
+                        balance=ff.balance, selector_init=selector_init, rngs=rngs)
   return ff.experts(router, d_model=d_model, n_layers=n_layers, rngs=rngs)
 
 
 @_schema
 class NoisyTopKConfig(TopKMoEConfig):
-  """Noisy softmax gating (Shazeer et al.): the shared top-k MoE fields only."""
+  """Noisy softmax gating (Shazeer et al.); `balance` "cv" is the paper's Eq. 14."""
+
+  balance: Literal[noisy_topk.BALANCE_LOSSES] = "cv"
 
 
 @register_ff("noisy_topk", NoisyTopKConfig)
 def _build_noisy_topk(ff: NoisyTopKConfig, *, d_model, n_layers, rngs):
   router = NoisyTopKRouter(d_model, ff.n_experts, ff.k, n_layers=n_layers,
-                           reg_coef=ff.reg_coef, rngs=rngs)
+                           reg_coef=ff.reg_coef, balance=ff.balance, rngs=rngs)
   return ff.experts(router, d_model=d_model, n_layers=n_layers, rngs=rngs)
 
 
 @_schema
 class SBaseConfig(TopKMoEConfig):
+  """Defaults are the authors' runs; `balance_over="batch"` with `sinkhorn="standard"` is
+  the paper text's Sinkhorn over the batch."""
+
   sinkhorn_iters: schema.PositiveInt = 3
+  expert_dropout: schema.Probability = 0.0
+  balance_over: Literal[sbase.BALANCE_OVER] = "sequence"
+  sinkhorn: Literal[sbase.SINKHORNS] = "authors"
 
 
 @register_ff("sbase", SBaseConfig)
 def _build_sbase(ff: SBaseConfig, *, d_model, n_layers, rngs):
   router = SBaseRouter(d_model, ff.n_experts, ff.k, n_layers=n_layers,
-                       sinkhorn_iters=ff.sinkhorn_iters, reg_coef=ff.reg_coef, rngs=rngs)
+                       sinkhorn_iters=ff.sinkhorn_iters, reg_coef=ff.reg_coef,
+                       expert_dropout=ff.expert_dropout, balance_over=ff.balance_over,
+                       sinkhorn_form=ff.sinkhorn, rngs=rngs)
   return ff.experts(router, d_model=d_model, n_layers=n_layers, rngs=rngs)
 
 
 @_schema
 class SoftmaxMoEConfig(TopKMoEConfig):
   renorm: bool
+  expert_dropout: schema.Probability = 0.0
+  reg_logits: Literal[softmax.REG_LOGITS] = "authors"
 
 
 @register_ff("softmax_moe", SoftmaxMoEConfig)
 def _build_softmax_moe(ff: SoftmaxMoEConfig, *, d_model, n_layers, rngs):
   router = SoftmaxRouter(d_model, ff.n_experts, ff.k, n_layers=n_layers, renorm=ff.renorm,
-                         reg_coef=ff.reg_coef, rngs=rngs)
+                         reg_coef=ff.reg_coef, expert_dropout=ff.expert_dropout,
+                         reg_logits=ff.reg_logits, rngs=rngs)
   return ff.experts(router, d_model=d_model, n_layers=n_layers, rngs=rngs)
 
 

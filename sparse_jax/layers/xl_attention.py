@@ -51,10 +51,14 @@ def attention_mask(t: int, k: int, mem_valid: jax.Array) -> jax.Array:
 
 
 class RelativeMultiHeadAttention(nnx.Module):
-  """Multi-head attention with Transformer-XL relative positions over `[memory; segment]`."""
+  """Multi-head attention with Transformer-XL relative positions over `[memory; segment]`.
+
+  Scores are scaled by `1/sqrt(head_dim)`, or with `learned_scale` by one trained scalar
+  starting there (the sigma-MoE authors' Transformer-XL).
+  """
 
   def __init__(self, d_model: int, n_heads: int, head_dim: int, *, n_layers: int,
-               attn_dropout: float = 0.0, rngs: nnx.Rngs):
+               attn_dropout: float = 0.0, learned_scale: bool = False, rngs: nnx.Rngs):
     self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
     # Q, K, V and the relative-position projection R, then the output.
     self.w_q, self.w_k, self.w_v, self.w_r, self.w_o = initializers.head_projections(
@@ -62,6 +66,8 @@ class RelativeMultiHeadAttention(nnx.Module):
     self.u_bias = nnx.Param(jnp.zeros((n_heads, head_dim)), logical_axes=("heads", "head_dim"))
     self.v_bias = nnx.Param(jnp.zeros((n_heads, head_dim)), logical_axes=("heads", "head_dim"))
     self.attn_dropout = nnx.Dropout(attn_dropout, rngs=rngs)
+    self.scale = (nnx.Param(jnp.full((), 1 / math.sqrt(head_dim), jnp.float32), logical_axes=())
+                  if learned_scale else None)
 
   def __call__(self, ctx_bkd: jax.Array, n_queries: int, mem_valid: jax.Array) -> jax.Array:
     """Attends from the last `n_queries` rows of the context to the whole context.
@@ -88,7 +94,8 @@ class RelativeMultiHeadAttention(nnx.Module):
     q_v = q_bthc + self.v_bias[...].astype(dtype)
     content_bhtk = jnp.einsum("bthc,bkhc->bhtk", q_u, k_bkhc, preferred_element_type=jnp.float32)
     position_bhtk = jnp.einsum("bthc,khc->bhtk", q_v, r_khc, preferred_element_type=jnp.float32)
-    scores_bhtk = (content_bhtk + rel_shift(position_bhtk)) / math.sqrt(self.head_dim)
+    scale = 1 / math.sqrt(self.head_dim) if self.scale is None else self.scale[...]
+    scores_bhtk = (content_bhtk + rel_shift(position_bhtk)) * scale
     mask_tk = attention_mask(t, k, mem_valid)
     scores_bhtk = jnp.where(mask_tk, scores_bhtk, -1e30)
     probs_bhtk = self.attn_dropout(jax.nn.softmax(scores_bhtk, axis=-1)).astype(dtype)

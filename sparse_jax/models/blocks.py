@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # lm.py imports this module; blocks take its parsed `LMConfig
   from sparse_jax.models.lm import LMConfig
 
 ATTENTION_KINDS = ("xl", "causal", "sparse_qkv")
+ATTN_SCALES = ("fixed", "learned")
 POSITIONS = ("rotary", "sinusoidal")
 
 
@@ -41,7 +42,8 @@ def build_attention(cfg: "LMConfig", rngs: nnx.Rngs) -> nnx.Module:
   dropout, rotary = cfg.attn_dropout, cfg.positions == "rotary"
   if cfg.attention == "xl":
     return RelativeMultiHeadAttention(cfg.d_model, cfg.n_heads, head_dim_of(cfg),
-                                      n_layers=cfg.n_layers, attn_dropout=dropout, rngs=rngs)
+                                      n_layers=cfg.n_layers, attn_dropout=dropout,
+                                      learned_scale=cfg.attn_scale == "learned", rngs=rngs)
   if cfg.attention == "causal":
     return CausalSelfAttention(cfg.d_model, cfg.n_heads, head_dim_of(cfg),
                                n_layers=cfg.n_layers, attn_dropout=dropout, rotary=rotary,
@@ -56,9 +58,9 @@ class DecoderBlock(nnx.Module):
   def __init__(self, cfg: "LMConfig", *, rngs: nnx.Rngs):
     d = cfg.d_model
     self.is_xl = cfg.attention == "xl"
-    self.attn_norm = layer_norm(d, rngs=rngs)
+    self.attn_norm = layer_norm(d, epsilon=cfg.layer_norm_eps, rngs=rngs)
     self.attn = build_attention(cfg, rngs)
-    self.ff_norm = layer_norm(d, rngs=rngs)
+    self.ff_norm = layer_norm(d, epsilon=cfg.layer_norm_eps, rngs=rngs)
     self.ff = build_ff(cfg.ff, d_model=d, n_layers=cfg.n_layers, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
     self.memory = plugins.build_memory(cfg.memory, d, rngs)

@@ -25,10 +25,14 @@ from sparse_jax.layers.normalization import layer_norm
 from sparse_jax.layers.registry import FFConfig
 from sparse_jax.layers.xl_attention import sinusoid_embedding
 from sparse_jax.models import plugins
-from sparse_jax.models.blocks import ATTENTION_KINDS, POSITIONS, DecoderBlock
+from sparse_jax.models.blocks import ATTENTION_KINDS, ATTN_SCALES, POSITIONS, DecoderBlock
 from sparse_jax.models.xl_memory import XLMemory
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# Token embedding init: N(0, 1), or Xavier-uniform over `[vocab, d_model]` as the sigma-MoE
+# authors' code (about 65x smaller entries at vocabulary 8000, d_model 412).
+EMBED_INITS = {"normal": jax.nn.initializers.normal(1.0),
+               "xavier": jax.nn.initializers.xavier_uniform()}
 
 
 _schema = dataclasses.dataclass(frozen=True, kw_only=True)
@@ -66,6 +70,11 @@ class LMConfig(ModelConfig):
   dtype: Literal[tuple(DTYPES)] = "float32"
   tie_embeddings: bool = False
   loss_sparsity: schema.NonNegativeInt = 0  # S of the multiplicative output; 0: dense.
+  # The sigma-MoE authors' Transformer-XL sets these four (`configs/paper_training.py`).
+  embed_init: Literal[tuple(EMBED_INITS)] = "normal"
+  output_dropout: bool = False  # Dropout (model.dropout) before the output layer.
+  layer_norm_eps: schema.PositiveFloat = 1e-6
+  attn_scale: Literal[ATTN_SCALES] = "fixed"  # "learned": XL attention only.
 
   def check(self, path: str) -> None:
     super().check(path)
@@ -79,6 +88,9 @@ class LMConfig(ModelConfig):
                        self.loss_sparsity)
     validation.require(not (self.loss_sparsity and self.tie_embeddings),
                        f"{path}.tie_embeddings", f"False with {path}.loss_sparsity", True)
+    validation.require(self.attn_scale == "fixed" or self.attention == "xl",
+                       f"{path}.attn_scale", "'fixed' unless attention is 'xl'",
+                       self.attn_scale)
     validation.require(self.adapters.kind == "none", f"{path}.adapters.kind",
                        "'none' in a decoder LM (adapters are placed in encoder layers)",
                        self.adapters.kind)
@@ -95,7 +107,8 @@ class TransformerLM(nnx.Module):
   `aux["reg_loss"]` is the sum of the FF layers' regularisers (already scaled by their
   coefficients; zero for dense). Other FF diagnostics appear as `aux["layer{i}/{key}"]`.
   The output projection is dense, tied to the embedding (`tie_embeddings`) or, with
-  `loss_sparsity` S > 0, the multiplicative layer of Scaling Transformers (Sec. 3.3).
+  `loss_sparsity` S > 0, the multiplicative layer of Scaling Transformers (Sec. 3.3); it has
+  a bias, and with `output_dropout` its input drops out at `model.dropout`.
   """
 
   def __init__(self, cfg: ml_collections.ConfigDict | dict | LMConfig, *, rngs: nnx.Rngs):
@@ -106,11 +119,12 @@ class TransformerLM(nnx.Module):
     self.mem_len = cfg.mem_len if self.is_xl else 0
     self.dtype = DTYPES[cfg.dtype]
     self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model,
-                           embedding_init=jax.nn.initializers.normal(1.0),
+                           embedding_init=EMBED_INITS[cfg.embed_init],
                            embedding_metadata={"logical_axes": ("vocab", "embed")}, rngs=rngs)
     self.embed_dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
     self.blocks = nnx.List([DecoderBlock(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
-    self.final_norm = layer_norm(cfg.d_model, rngs=rngs)
+    self.final_norm = layer_norm(cfg.d_model, epsilon=cfg.layer_norm_eps, rngs=rngs)
+    self.output_dropout = nnx.Dropout(cfg.dropout if cfg.output_dropout else 0.0, rngs=rngs)
     # The output projection: "sparse" (multiplicative), "tied" (to the embedding) or "dense".
     self.output_kind = ("sparse" if cfg.loss_sparsity else "tied" if cfg.tie_embeddings
                         else "dense")
@@ -143,7 +157,8 @@ class TransformerLM(nnx.Module):
 
   def hidden_states(self, tokens_bt: jax.Array, memory: XLMemory | None = None, *,
                     decoding: bool = False):
-    """The final-LayerNorm hidden states `[B, T, d]` (what the logits read), memory, aux."""
+    """The final-LayerNorm hidden states `[B, T, d]` (what the logits read, after the output
+    dropout when `model.output_dropout`), memory, aux."""
     if memory is None:
       memory = self.init_memory(tokens_bt.shape[0])
     h_btd = self._embed(tokens_bt, 0)
@@ -156,7 +171,7 @@ class TransformerLM(nnx.Module):
                   if key != "reg_loss"})
     aux["reg_loss"] = reg_loss
     new_memory = memory.append(jnp.stack(layer_inputs))
-    return self.final_norm(h_btd), new_memory, aux
+    return self.output_dropout(self.final_norm(h_btd)), new_memory, aux
 
   def logits(self, h_btd: jax.Array) -> jax.Array:
     """Output projection in float32; tied logits are scaled by `1/sqrt(d_model)`."""

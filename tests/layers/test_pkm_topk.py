@@ -91,7 +91,7 @@ def test_topk_ff_keeps_exactly_k_units_and_matches_numpy():
   want = u_top @ np.asarray(layer.w_down[...], np.float64) + np.asarray(layer.b_down[...])
   y, _ = layer(x)
   np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
-  hidden = layer.activation(jnp.asarray(pre, jnp.float32))
+  hidden = layer.hidden(jnp.asarray(pre, jnp.float32))
   assert np.all(np.count_nonzero(np.asarray(hidden), axis=-1) == k)
   assert layer.flops_per_token() == d * d_ff + k * d
 

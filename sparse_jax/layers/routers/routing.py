@@ -63,31 +63,62 @@ def gather_gates(scores_ne: jax.Array, sel_nk: jax.Array) -> jax.Array:
   return jnp.take_along_axis(scores_ne, sel_nk, axis=-1)
 
 
+def drop_experts(key: jax.Array, scores_ne: jax.Array, rate: float, fill: float) -> jax.Array:
+  """Expert dropout (sigma-MoE Eq. 22): each (token, expert) score becomes `fill` with
+  probability `rate`, with no rescaling, so a top-k over the result skips dropped experts.
+
+  `fill` is what the authors' code writes: 0 for sigmoid scores and softmax probabilities
+  (an expert picked although dropped, possible only when more than `E - k` are dropped, then
+  gets gate 0) and `-inf` for raw logits and balanced assignments.
+  """
+  dropped_ne = jax.random.bernoulli(key, rate, scores_ne.shape)
+  return jnp.where(dropped_ne, jnp.asarray(fill, scores_ne.dtype), scores_ne)
+
+
 # A selector's rows score the experts; they stay whole on every device (`sparse_jax.parallel`).
 SELECTOR_AXES = ("expert_scores", "embed")
 
 
-def selector_param(rngs, n_experts: int, d_model: int, n_layers: int) -> nnx.Param:
-  """The `[E, d_model]` selector `W3` with the sigma-MoE init (std of `W1`)."""
-  std = initializers.depth_scaled_std(d_model, n_layers)
-  return nnx.Param(equal_norm_rows(rngs.params(), (n_experts, d_model), std),
-                   logical_axes=SELECTOR_AXES)
+# How a router's selector `W3` starts; `MoE`'s expert inits of the same names match them.
+SELECTOR_INITS = ("sigma", "switch", "fedus")
+
+
+def selector_param(rngs, n_experts: int, d_model: int, n_layers: int,
+                   init: str = "sigma") -> nnx.Param:
+  """The `[E, d_model]` selector `W3`.
+
+  sigma (Sec. 5): rows of equal norm, the matrix at the std of `W1`, `sqrt(2 / (d_model L))`.
+  switch (the authors' Switch runs): N(0, 0.2 / (d_model L)), rows not renormalised (their
+  depth-scaled init with scale 0.1). fedus (Fedus et al.): N(0, 0.1 / d_model).
+  """
+  if init not in SELECTOR_INITS:
+    raise ValueError(f"selector init must be one of {SELECTOR_INITS}; got {init!r}.")
+  key, shape = rngs.params(), (n_experts, d_model)
+  if init == "sigma":
+    w = equal_norm_rows(key, shape, initializers.depth_scaled_std(d_model, n_layers))
+  else:
+    std = (math.sqrt(0.1) * initializers.depth_scaled_std(d_model, n_layers)
+           if init == "switch" else math.sqrt(0.1 / d_model))
+    w = initializers.normal(std)(key, shape)
+  return nnx.Param(w, logical_axes=SELECTOR_AXES)
 
 
 class Router(nnx.Module):
   """The router contract that `MoE` relies on, and what every router shares.
 
-  `router(x_nd)` maps tokens `[N, d_model]` to a `Routing` of `k` slots per token over
-  `n_experts` experts; `flops_per_token()` is the router's multiply-adds per token. Every
-  router scores tokens with a selector `w_sel [E, d_model]` (`x W3^T`: `d_model * E`
-  multiply-adds); subclasses add their own parameters, randomness and `__call__`.
+  `router(x_nd, seq_len=T)` maps tokens `[N, d_model]` (N = B * T: B sequences of T
+  tokens, in order) to a `Routing` of `k` slots per token over `n_experts` experts;
+  `flops_per_token()` is the router's multiply-adds per token. Every router scores tokens
+  with a selector `w_sel [E, d_model]` (`x W3^T`: `d_model * E` multiply-adds); subclasses
+  add their own parameters, randomness and `__call__`. Only S-BASE uses `seq_len`.
   """
 
-  def __init__(self, d_model: int, n_experts: int, k: int, *, n_layers: int, rngs: nnx.Rngs):
+  def __init__(self, d_model: int, n_experts: int, k: int, *, n_layers: int,
+               selector_init: str = "sigma", rngs: nnx.Rngs):
     self.d_model, self.n_experts, self.k = d_model, n_experts, k
-    self.w_sel = selector_param(rngs, n_experts, d_model, n_layers)
+    self.w_sel = selector_param(rngs, n_experts, d_model, n_layers, selector_init)
 
-  def __call__(self, x_nd: jax.Array) -> Routing:
+  def __call__(self, x_nd: jax.Array, *, seq_len: int | None = None) -> Routing:
     raise NotImplementedError(f"{type(self).__name__} must define __call__.")
 
   def flops_per_token(self) -> int:

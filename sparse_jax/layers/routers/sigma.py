@@ -10,9 +10,11 @@ from sparse_jax.layers.routers import routing
 class SigmaRouter(routing.Router):
   """`s = sigmoid(x W3^T)`; top-k of s picks the experts and s weights them (Eq. 11).
 
-  Expert dropout (Eq. 22): in training, each (token, expert) score is set to -inf before the
+  Expert dropout (Eq. 22): in training, each (token, expert) score is set to 0 before the
   top-k with probability `expert_dropout`, removing whole experts for that token with no
-  rescaling. The regulariser is Eq. 20 on the raw selector logits, times `reg_coef`.
+  rescaling; as in the authors' code, an expert picked although dropped (only when more than
+  `E - k` are) has gate 0. The regulariser is Eq. 20 on the raw selector logits, times
+  `reg_coef`.
   """
 
   def __init__(self, d_model: int, n_experts: int, k: int, *, n_layers: int,
@@ -22,14 +24,11 @@ class SigmaRouter(routing.Router):
     self.deterministic = False
     self.rngs = rngs["routing"].fork()
 
-  def __call__(self, x_nd: jax.Array) -> routing.Routing:
+  def __call__(self, x_nd: jax.Array, *, seq_len: int | None = None) -> routing.Routing:
     logits_ne = routing.selector_logits(x_nd, self.w_sel[...])
     scores_ne = jax.nn.sigmoid(logits_ne)
-    candidates_ne = scores_ne
     if self.expert_dropout > 0 and not self.deterministic:
-      dropped_ne = jax.random.bernoulli(self.rngs(), self.expert_dropout, scores_ne.shape)
-      candidates_ne = jnp.where(dropped_ne, -jnp.inf, scores_ne)
-    _, sel_nk = jax.lax.top_k(candidates_ne, self.k)
-    gates_nk = routing.gather_gates(scores_ne, sel_nk)
+      scores_ne = routing.drop_experts(self.rngs(), scores_ne, self.expert_dropout, 0.0)
+    gates_nk, sel_nk = jax.lax.top_k(scores_ne, self.k)
     reg = self.reg_coef * routing.entropy_regularizer(logits_ne)
     return routing.Routing(sel_nk.astype(jnp.int32), gates_nk, reg)
