@@ -112,7 +112,7 @@ MINIMAL_FF = {
     "topk": dict(d_ff=8, k=2),
     "pkm": dict(n_subkeys=4, knn=2),
     "sigma_moe": dict(n_experts=4, expert_size=8, k=2, reg_coef=0.001),
-    "switch": dict(n_experts=4, expert_size=8, capacity_factor=1.25, reg_coef=0.01),
+    "switch": dict(n_experts=4, expert_size=8, reg_coef=0.01),
     "noisy_topk": dict(n_experts=4, expert_size=8, k=2, reg_coef=0.01),
     "sbase": dict(n_experts=4, expert_size=8, k=2, reg_coef=0.0),
     "softmax_moe": dict(n_experts=4, expert_size=8, k=2, renorm=True, reg_coef=0.0),
@@ -133,10 +133,13 @@ def test_every_ff_kind_has_a_schema_with_required_fields(kind):
 
 def test_ff_defaults_live_in_their_schemas():
   assert registry.parse_ff({"kind": "pkm", **MINIMAL_FF["pkm"]}) == registry.PKMConfig(
-      kind="pkm", n_subkeys=4, knn=2, n_heads=4, activation="relu", init="lample")
+      kind="pkm", n_subkeys=4, knn=2, n_heads=4, activation="relu", init="authors",
+      dense_when_knn_covers=True)
   switch = registry.parse_ff({"kind": "switch", **MINIMAL_FF["switch"]})
-  assert (switch.init, switch.impl, switch.expert_hidden_dropout) == ("switch", "auto", 0.0)
-  assert registry.parse_ff({"kind": "sbase", **MINIMAL_FF["sbase"]}).sinkhorn_iters == 3
+  assert (switch.init, switch.impl, switch.expert_hidden_dropout, switch.capacity_factor,
+          switch.balance) == ("switch", "auto", 0.0, None, "authors")
+  sbase = registry.parse_ff({"kind": "sbase", **MINIMAL_FF["sbase"]})
+  assert (sbase.sinkhorn_iters, sbase.balance_over, sbase.sinkhorn) == (3, "sequence", "authors")
   sparse = registry.parse_ff({"kind": "sparse_ff", **MINIMAL_FF["sparse_ff"]})
   assert (sparse.d_lowrank, sparse.temperature, sparse.quant_prob) == (None, 0.1, 0.3)
 
