@@ -7,6 +7,7 @@
   python train.py --coordinator_address=host0:1234 --num_processes=2 --process_id=0  # multi-host
   python train.py --config=configs/spartan_stdlib.py      # fine-tune a frozen backbone (SPARTAN)
   python train.py --config=configs/spartan_rte.py:houlsby --config.backbone.path=roberta-base
+  python train.py --config=configs/spartan_stdlib.py --seeds=0,1,2   # mean and std over seeds
 
 Re-running with the same workdir resumes from its latest checkpoint.
 """
@@ -20,7 +21,8 @@ from ml_collections import config_flags
 
 from sparse_jax.config_overrides import switch_kinds
 from sparse_jax.training import distributed
-from sparse_jax.training.loop import format_metrics, run_task
+from sparse_jax.training.loop import format_metrics, run_task, train_and_evaluate
+from sparse_jax.training.seed_runs import SUMMARY_FILE, run_seeds
 from sparse_jax.training.tasks import task_for
 from sparse_jax.validation import ConfigError
 
@@ -63,6 +65,9 @@ _NUM_PROCESSES = flags.DEFINE_integer(
 _PROCESS_ID = flags.DEFINE_integer(
     "process_id", _env_int("JAX_PROCESS_ID"),
     "Multi-process job: this process's index (env JAX_PROCESS_ID).")
+_SEEDS = flags.DEFINE_list(
+    "seeds", None, "Train once per seed (comma-separated integers) in WORKDIR/seed_<s> and "
+    f"write the mean and std of the final metrics to WORKDIR/{SUMMARY_FILE}.")
 _DISTRIBUTED = flags.DEFINE_bool(
     "distributed", False,
     "Join a multi-process job that JAX detects itself (SLURM, Open MPI, Kubernetes, TPU).")
@@ -100,11 +105,28 @@ def main(argv):
     if _PRINT_PARAMS.value:
       _print_report(task.param_report())
       return
+    if _SEEDS.value:
+      _train_seeds(workdir)
+      return
     final = run_task(task, workdir)
   except (ConfigError, FileNotFoundError) as e:
     sys.exit(f"train.py: {e}")
   if jax.process_index() == 0:
     print(f"final ({workdir}): {format_metrics(final)}")
+
+
+def _train_seeds(workdir: str) -> None:
+  try:
+    seeds = [int(s) for s in _SEEDS.value]
+  except ValueError:
+    sys.exit(f"train.py: --seeds must be comma-separated integers; got {_SEEDS.value}.")
+  summary = run_seeds(_CONFIG.value, workdir, seeds, train_and_evaluate)
+  if summary is None:
+    sys.exit(f"train.py: interrupted; re-run the same command to resume ({workdir}).")
+  if jax.process_index() == 0:
+    for name, mean in summary["mean"].items():
+      print(f"{name}: {mean:.6g} +- {summary['std'][name]:.2g} over seeds {seeds}")
+    print(f"wrote {workdir}/{SUMMARY_FILE}")
 
 
 if __name__ == "__main__":

@@ -2,27 +2,34 @@
 
 `method` is chosen by the config string: `--config=configs/spartan_rte.py:houlsby` (one of
 `finetune.methods.METHODS`), optionally with `,fewshot` (SPARTAN App. B: 200 training
-examples, 1000 steps). The learning rate follows the method
-(`finetune.methods.LEARNING_RATES`, App. A).
+examples, drawn by the seed, 1000 steps) or `,fewshot_script` (the reference's few-shot script:
+the first 200 examples, 3 epochs). The learning rate follows the method
+(`finetune.methods.LEARNING_RATES`, App. A); the schedule is the Hugging Face Trainer's default
+that the reference runs: no warmup, linear decay to 0 (`--config.train.schedule=cosine
+--config.train.warmup_steps=N` gives warmup then cosine decay instead).
 """
+
+import math
 
 import ml_collections
 from ml_collections import config_dict
 
 from sparse_jax.finetune.methods import LEARNING_RATES, METHODS, default_method_config
 
-FEW_SHOT_EXAMPLES, FEW_SHOT_STEPS = 200, 1000
+FEW_SHOT_EXAMPLES, FEW_SHOT_STEPS, FEW_SHOT_SCRIPT_EPOCHS = 200, 1000, 3
+FEW_SHOT = ("fewshot", "fewshot_script")
 
 
-def parse(config_string: str | None) -> tuple[str, bool]:
-  """`"houlsby,fewshot"` -> `("houlsby", True)`; empty -> `("spartan", False)`."""
+def parse(config_string: str | None) -> tuple[str, str | None]:
+  """`"houlsby,fewshot"` -> `("houlsby", "fewshot")`; empty -> `("spartan", None)`."""
   parts = [p for p in (config_string or "").split(",") if p]
-  few_shot = "fewshot" in parts
-  methods = [p for p in parts if p != "fewshot"]
-  if len(methods) > 1 or (methods and methods[0] not in METHODS):
+  few_shot = [p for p in parts if p in FEW_SHOT]
+  methods = [p for p in parts if p not in FEW_SHOT]
+  if len(methods) > 1 or len(few_shot) > 1 or (methods and methods[0] not in METHODS):
     raise ValueError(f"config string {config_string!r}: expected one of "
-                     f"{sorted(METHODS)}, optionally followed by ',fewshot'.")
-  return (methods[0] if methods else "spartan"), few_shot
+                     f"{sorted(METHODS)}, optionally followed by one of ',fewshot' or "
+                     "',fewshot_script'.")
+  return (methods[0] if methods else "spartan"), (few_shot[0] if few_shot else None)
 
 
 def base_config(config_string: str | None, *, task: dict, backbone: dict, steps: int,
@@ -32,18 +39,22 @@ def base_config(config_string: str | None, *, task: dict, backbone: dict, steps:
   config.seed = 0
   config.task = ml_collections.ConfigDict({
       "data_dir": config_dict.placeholder(str), "n_train": config_dict.placeholder(int),
-      **task})
+      "n_train_from": "random", **task})
   config.backbone = ml_collections.ConfigDict(
       {"step": config_dict.placeholder(int), **backbone})
   config.method = default_method_config(method)
+  if few_shot == "fewshot":
+    steps = FEW_SHOT_STEPS
+  elif few_shot == "fewshot_script":
+    steps = math.ceil(FEW_SHOT_SCRIPT_EPOCHS * FEW_SHOT_EXAMPLES / batch_size)
   config.train = ml_collections.ConfigDict({
-      "steps": FEW_SHOT_STEPS if few_shot else steps, "lr": LEARNING_RATES[method],
+      "steps": steps, "lr": LEARNING_RATES[method], "schedule": "linear", "warmup_steps": 0,
       "grad_clip": 1.0, "batch_size": batch_size, "log_every": 20, "eval_every": 500,
       "ckpt_every": 500, "keep_checkpoints": 2})
-  # 6% of the steps, rounded up; a reference, so it follows --config.train.steps.
-  config.train.warmup_steps = (config.train.get_ref("steps") * 6 + 99) // 100
   if few_shot:
     config.task.n_train = FEW_SHOT_EXAMPLES
+    if few_shot == "fewshot_script":
+      config.task.n_train_from = "first"
   config.eval = ml_collections.ConfigDict(
       {"batch_size": 64, "max_examples": config_dict.placeholder(int)})
   # The (data, fsdp, expert) device mesh, as for language models (README "Scaling out").

@@ -158,7 +158,7 @@ def test_ff_defaults_live_in_their_schemas():
     ("sparse_ff", dict(block_size=5), "model.ff.block_size",
      "a positive divisor of model.ff.d_ff=16"),
     ("sparse_ff", dict(quant_prob=1.5), "model.ff.quant_prob", "in [0, 1]"),
-    ("dense", dict(activation="tanh"), "model.ff.activation", "one of ['relu', 'gelu']"),
+    ("dense", dict(activation="tanh"), "model.ff.activation", "one of ['relu', 'gelu', 'swish']"),
 ])
 def test_bad_ff_fields_name_the_field_and_what_is_allowed(kind, fields, named, allowed):
   message = error(registry.parse_ff, {"kind": kind, **MINIMAL_FF[kind], **fields})
@@ -191,8 +191,8 @@ def test_the_default_model_section_parses_with_every_default_once():
     (dict(loss_sparsity=3), "'model.loss_sparsity' must be 0 (dense) or a divisor of "
                             "model.vocab_size=256"),
     (dict(kind="encoder"), "'model.kind' must be one of ['lm']"),
-    (dict(adapters={"kind": "houlsby", "bottleneck": 8}), "'model.adapters.kind' must be "
-                                                          "'none' in a decoder LM"),
+    (dict(adapters={"kind": "houlsby", "bottleneck": 8, "init": "zeros"}),
+     "'model.adapters.init' must be one of"),
     (dict(memory={"kind": "spartan", "n_parents": 4, "n_children": 2, "top_k": 5}),
      "'model.memory.top_k' must be at most model.memory.n_parents=4"),
     (dict(ff={"kind": "pkm", "n_subkeys": 4, "knn": 2}, d_model=255, n_heads=5),
@@ -213,7 +213,8 @@ def test_the_encoder_kind_and_the_spartan_memory():
   assert isinstance(model, encoder.EncoderConfig) and model.pad_id == 1
   assert model.memory == plugins.SpartanMemoryConfig(
       kind="spartan", n_parents=16, n_children=3, top_k=8, temperature=1.0, read="auto")
-  assert model.adapters.activation == "relu"
+  assert model.adapters.activation is None and model.adapters.setting("activation") == "relu"
+  assert model.adapters.setting("original_ln_before")  # AdapterHub's Pfeiffer
   cfg.pad_id = 50265
   assert "'model.pad_id' must be a token id in [0, model.vocab_size=50265)" in error(
       classifier.build_backbone, cfg, None)

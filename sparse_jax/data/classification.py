@@ -19,6 +19,7 @@ but not scored here.
 """
 
 import dataclasses
+from typing import Literal
 
 import ml_collections
 import numpy as np
@@ -88,6 +89,9 @@ class TaskConfig(schema.Schema, tag="name"):
   name: str
   max_len: schema.PositiveInt  # Tokens per example fed to the model (longer ones are cut).
   n_train: schema.PositiveInt | None = None  # Training examples drawn; None: the whole split.
+  # How the `n_train` are drawn: a seeded random subset, or the split's first records (the
+  # SPARTAN reference's few-shot script).
+  n_train_from: Literal["random", "first"] = "random"
   data_dir: str | None = None  # None: ~/tensorflow_datasets.
 
   def spec(self) -> TaskSpec:
@@ -174,8 +178,9 @@ def _prepared_builder(task: TaskConfig) -> tfds.core.DatasetBuilder:
 
 
 def _subset_indices(num_records: int, n_examples: int | None, seed: int,
-                    split: str) -> np.ndarray:
-  """All record indices in order, or `n_examples` of them drawn without replacement.
+                    split: str, first: bool) -> np.ndarray:
+  """All record indices in order, the first `n_examples` (`first`), or `n_examples` drawn
+  without replacement.
 
   The draw is a prefix of a seeded permutation, so a smaller subset with the same seed is a
   prefix of a larger one.
@@ -186,6 +191,8 @@ def _subset_indices(num_records: int, n_examples: int | None, seed: int,
       isinstance(n_examples, int) and 0 < n_examples <= num_records, "n_examples",
       f"None or a positive integer at most the {num_records} examples of split {split!r}",
       n_examples)
+  if first:
+    return np.arange(n_examples)
   return np.random.default_rng(seed).permutation(num_records)[:n_examples]
 
 
@@ -195,8 +202,10 @@ def _as_str(text) -> str:
 
 
 def load_task_split(task_cfg: ml_collections.ConfigDict, split: str, *,
-                    n_examples: int | None = None, seed: int = 0) -> ClassificationSplit:
-  """Prepares the task if needed and returns a split, or `n_examples` of it chosen by `seed`.
+                    n_examples: int | None = None, seed: int = 0,
+                    first: bool = False) -> ClassificationSplit:
+  """Prepares the task if needed and returns a split, or `n_examples` of it: chosen by
+  `seed`, or its first records with `first`.
 
   The full split keeps the record order. GLUE test splits have labels -1 (see module doc).
   """
@@ -204,7 +213,7 @@ def load_task_split(task_cfg: ml_collections.ConfigDict, split: str, *,
   spec = task.spec()
   validation.require_choice(split, "split", spec.splits)
   source = _prepared_builder(task).as_data_source(split)
-  indices = _subset_indices(len(source), n_examples, seed, split)
+  indices = _subset_indices(len(source), n_examples, seed, split, first)
   records = [source[int(i)] for i in indices]
   if spec.is_bytes:
     texts = tuple([bytes(np.asarray(r[field])) for r in records] for field in spec.text_fields)

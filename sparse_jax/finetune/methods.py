@@ -2,12 +2,14 @@
 into a backbone and the filter of the parameters that train.
 
 `method.kind`:
-- `spartan`: a SPARTAN memory after every layer (SPARTAN Sec. 3); memory and head train.
-- `houlsby` / `pfeiffer`: bottleneck adapters (SPARTAN Sec. 4); adapters and head train.
+- `spartan`: a SPARTAN memory after every layer (SPARTAN Sec. 3); memory, head and the
+  backbone's LayerNorms train, as in the SPARTAN reference code (the paper does not say so).
+- `houlsby` / `pfeiffer`: bottleneck adapters as AdapterHub builds them (SPARTAN Sec. 4);
+  adapters and head train (AdapterHub's `train_adapter` freezes the LayerNorms).
 - `full`: no plug-in; every parameter trains (the RoBERTa baseline).
 - `head`: no plug-in; only the head trains (a linear-probe-style floor).
-With `method.train_layer_norms` the backbone's LayerNorms train too, as in the SPARTAN
-reference code (the paper does not say so). Everything else is frozen: the optimiser holds state
+`method.train_layer_norms` overrides whether the backbone's LayerNorms train. Everything else
+is frozen: the optimiser holds state
 for the trainable parameters only and gradients are taken with respect to them only, so frozen
 parameters stay bit-identical and a task's checkpoint needs only the trainable part.
 
@@ -23,10 +25,10 @@ import ml_collections
 from flax import nnx
 
 from sparse_jax import schema
-from sparse_jax.layers.adapters import ADAPTERS_PER_LAYER
+from sparse_jax.layers.adapters import ADAPTER_INITS, ADAPTERHUB_DEFAULTS, ADAPTERS_PER_LAYER
 from sparse_jax.layers.dense_ff import ACTIVATIONS
 from sparse_jax.layers.param_types import HeadParam, LayerNormParam, PlugInParam
-from sparse_jax.layers.spartan import READS
+from sparse_jax.layers.spartan import READS, REFERENCE_TEMPERATURE
 from sparse_jax.models import plugins
 
 METHODS = ("full", "head", "houlsby", "pfeiffer", "spartan")
@@ -45,22 +47,28 @@ class SpartanSettings(schema.Schema):
   n_parents: schema.PositiveInt = 16
   n_children: schema.PositiveInt = 3
   top_k: schema.PositiveInt = 8
-  temperature: schema.PositiveFloat = 1.0
+  # The reference code's child temperature (every run); the paper's Eq. 2 has none (1.0).
+  temperature: schema.PositiveFloat = REFERENCE_TEMPERATURE
   read: Literal[("auto", *READS)] = "auto"
 
 
 @_schema
 class AdapterSettings(schema.Schema):
-  """`method.adapter`: the bottleneck adapters (SPARTAN App. A: bottleneck 64)."""
+  """`method.adapter`: the bottleneck adapters (SPARTAN App. A: bottleneck 64), AdapterHub's
+  (`layers.adapters`); `activation` and `original_ln_before` None take the kind's AdapterHub
+  setting (`ADAPTERHUB_DEFAULTS`)."""
 
   bottleneck: schema.PositiveInt = 64
-  activation: Literal[tuple(ACTIVATIONS)] = "relu"
+  activation: Literal[tuple(ACTIVATIONS)] | None = None
+  original_ln_before: bool | None = None
+  init: Literal[ADAPTER_INITS] = "bert"
 
 
 @_schema
 class MethodConfig(schema.Schema):
-  """The `method` section. `train_layer_norms` (None: every method but `head`) follows the
-  SPARTAN reference, which trains the backbone's LayerNorms."""
+  """The `method` section. `train_layer_norms` None follows the reference code of each method:
+  SPARTAN's trains the backbone's LayerNorms (the paper does not say so), AdapterHub's
+  `train_adapter` freezes them, `full` trains everything and `head` only the head."""
 
   kind: Literal[METHODS]
   train_layer_norms: bool | None = None
@@ -70,7 +78,9 @@ class MethodConfig(schema.Schema):
 
   @property
   def trains_layer_norms(self) -> bool:
-    return self.kind != "head" if self.train_layer_norms is None else self.train_layer_norms
+    if self.train_layer_norms is None:
+      return self.kind in ("spartan", "full")
+    return self.train_layer_norms
 
   def memory_section(self) -> dict:
     """The backbone's `model.memory` section this method sets."""
@@ -92,10 +102,15 @@ def parse(method) -> MethodConfig:
 
 
 def default_method_config(kind: str) -> ml_collections.ConfigDict:
-  """The `method` section of `kind` with every default written out (for config files)."""
+  """The `method` section of `kind` with every default written out (for config files: a
+  field's type comes from its value, so none is None)."""
   method = parse({"kind": kind})
-  return ml_collections.ConfigDict({**method.to_dict(),
-                                    "train_layer_norms": method.trains_layer_norms})
+  section = ml_collections.ConfigDict({**method.to_dict(),
+                                       "train_layer_norms": method.trains_layer_norms})
+  adapterhub = ADAPTERHUB_DEFAULTS.get(kind, ADAPTERHUB_DEFAULTS["pfeiffer"])
+  section.adapter.update({name: value for name, value in adapterhub.items()
+                          if section.adapter[name] is None})
+  return section
 
 
 def with_method(model_cfg, method) -> ml_collections.ConfigDict:

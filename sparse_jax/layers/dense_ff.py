@@ -9,7 +9,8 @@ from sparse_jax.layers.feed_forward import FeedForward
 
 
 ACTIVATIONS = {"relu": jax.nn.relu,
-               "gelu": lambda h: jax.nn.gelu(h, approximate=False)}  # BERT/RoBERTa's (erf).
+               "gelu": lambda h: jax.nn.gelu(h, approximate=False),  # BERT/RoBERTa's (erf).
+               "swish": jax.nn.silu}  # AdapterHub's Houlsby adapters.
 
 
 class DenseFF(FeedForward):

@@ -1,7 +1,8 @@
 """The pre-LN decoder block shared by every attention kind, for training and decoding.
 
 `h + Drop(Attn(LN(h)))` then `h + Drop(FF(LN(h)))`, then the optional SPARTAN memory on the
-block's output (`model.memory`, see `sparse_jax.models.plugins`). The attention is chosen by
+block's output (`model.memory`, see `sparse_jax.models.plugins`); `model.adapters` puts
+bottleneck adapters on the sublayers (`sparse_jax.layers.adapters`). The attention is chosen by
 `model.attention`:
 
 - `xl`: Transformer-XL relative attention over `[memory; segment]` (memory = the block's
@@ -17,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from sparse_jax.layers.adapters import adapted_residual
 from sparse_jax.layers.causal_attention import CausalSelfAttention
 from sparse_jax.layers.normalization import layer_norm
 from sparse_jax.layers.registry import build_ff
@@ -53,7 +55,8 @@ def build_attention(cfg: "LMConfig", rngs: nnx.Rngs) -> nnx.Module:
 
 
 class DecoderBlock(nnx.Module):
-  """One pre-LN block: the attention of `model.attention`, the FF slot, the memory slot."""
+  """One pre-LN block: the attention of `model.attention`, the FF slot, the memory slot, and
+  the adapters of `model.adapters` on the two sublayers (`layers.adapters`, LayerNorm-free)."""
 
   def __init__(self, cfg: "LMConfig", *, rngs: nnx.Rngs):
     d = cfg.d_model
@@ -64,6 +67,8 @@ class DecoderBlock(nnx.Module):
     self.ff = build_ff(cfg.ff, d_model=d, n_layers=cfg.n_layers, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
     self.memory = plugins.build_memory(cfg.memory, d, rngs)
+    self.attn_adapter = plugins.build_adapter(cfg.adapters, d, "attn", rngs)
+    self.ff_adapter = plugins.build_adapter(cfg.adapters, d, "ff", rngs)
 
   def _feed_forward(self, h_btd, *, decoding: bool):
     """The FF sublayer, then the memory; when decoding, the FF's sparse `decode` path if any."""
@@ -72,7 +77,7 @@ class DecoderBlock(nnx.Module):
       y_btd, aux = self.ff.decode(x_btd), {"reg_loss": jnp.zeros((), jnp.float32)}
     else:
       y_btd, aux = self.ff(x_btd)
-    h_btd = h_btd + self.dropout(y_btd)
+    h_btd = adapted_residual(self.ff_adapter, self.dropout(y_btd), h_btd)
     return plugins.apply_memory(self.memory, h_btd, aux)
 
   def __call__(self, h_btd, mem_bmd, mem_valid, *, decoding: bool = False):
@@ -83,10 +88,12 @@ class DecoderBlock(nnx.Module):
       attended = self.attn(self.attn_norm(ctx_bkd), t, mem_valid)
     else:
       attended = self.attn(self.attn_norm(h_btd))
-    return self._feed_forward(h_btd + self.dropout(attended), decoding=decoding)
+    h_btd = adapted_residual(self.attn_adapter, self.dropout(attended), h_btd)
+    return self._feed_forward(h_btd, decoding=decoding)
 
   def decode(self, h_b1d: jax.Array, cache: dict, position: jax.Array):
     """One token of a non-XL block from its attention cache: `(h, cache)`."""
     attended, cache = self.attn.decode(self.attn_norm(h_b1d), cache, position)
-    h_b1d, _ = self._feed_forward(h_b1d + self.dropout(attended), decoding=True)
+    h_b1d = adapted_residual(self.attn_adapter, self.dropout(attended), h_b1d)
+    h_b1d, _ = self._feed_forward(h_b1d, decoding=True)
     return h_b1d, cache

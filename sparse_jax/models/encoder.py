@@ -1,11 +1,11 @@
 """`Encoder`: a post-LN bidirectional Transformer with RoBERTa's architecture.
 
     h_0 = LN(E_word[x] + E_pos[p(x)] + E_type[0])                     (dropout after)
-    a   = Drop(Attn(h)),        a = AttnAdapter(a)    (Houlsby only)
-    h   = LN(h + a)
-    f   = Drop(FF(h)),          f = FFAdapter(f)      (Houlsby and Pfeiffer)
-    h   = LN(h + f)
-    h   = SPARTAN(h)                                   (when model.memory.kind = "spartan")
+    a   = Drop(Attn(h))
+    h   = LN(h + a)           (Houlsby: an adapter on a, `layers.adapters.adapted_residual`)
+    f   = Drop(FF(h))
+    h   = LN(h + f)           (Houlsby and Pfeiffer: an adapter on f)
+    h   = SPARTAN(h)          (when model.memory.kind = "spartan")
 
 `p(x)` are RoBERTa's positions: real tokens count from `pad_id + 1`, padding gets `pad_id`
 (Hugging Face's `create_position_ids_from_input_ids`), so a table of `max_positions` rows
@@ -23,6 +23,7 @@ import ml_collections
 from flax import nnx
 
 from sparse_jax import schema, validation
+from sparse_jax.layers.adapters import adapted_residual
 from sparse_jax.layers.bidirectional_attention import BidirectionalSelfAttention
 from sparse_jax.layers.normalization import layer_norm
 from sparse_jax.layers.registry import build_ff
@@ -81,14 +82,9 @@ class EncoderLayer(nnx.Module):
 
   def __call__(self, h_btd: jax.Array, valid_bt: jax.Array):
     a_btd = self.dropout(self.attn(h_btd, valid_bt))
-    if self.attn_adapter is not None:
-      a_btd = self.attn_adapter(a_btd)
-    h_btd = self.attn_norm(h_btd + a_btd)
+    h_btd = adapted_residual(self.attn_adapter, a_btd, h_btd, self.attn_norm)
     f_btd, aux = self.ff(h_btd)
-    f_btd = self.dropout(f_btd)
-    if self.ff_adapter is not None:
-      f_btd = self.ff_adapter(f_btd)
-    h_btd = self.ff_norm(h_btd + f_btd)
+    h_btd = adapted_residual(self.ff_adapter, self.dropout(f_btd), h_btd, self.ff_norm)
     return plugins.apply_memory(self.memory, h_btd, aux)
 
 

@@ -91,9 +91,6 @@ class LMConfig(ModelConfig):
     validation.require(self.attn_scale == "fixed" or self.attention == "xl",
                        f"{path}.attn_scale", "'fixed' unless attention is 'xl'",
                        self.attn_scale)
-    validation.require(self.adapters.kind == "none", f"{path}.adapters.kind",
-                       "'none' in a decoder LM (adapters are placed in encoder layers)",
-                       self.adapters.kind)
 
 
 def validate_model_config(cfg: ml_collections.ConfigDict | dict | LMConfig) -> LMConfig:

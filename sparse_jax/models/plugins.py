@@ -4,8 +4,9 @@
 - `model.memory`: `{"kind": "none"}` or `{"kind": "spartan", "n_parents", "n_children",
   "top_k", "temperature", "read"}`: a SPARTAN memory after every layer (paper Sec. 3).
 - `model.adapters`: `{"kind": "none"}` or `{"kind": "houlsby" | "pfeiffer", "bottleneck",
-  "activation"}`: bottleneck adapters (Houlsby: after attention and after FF; Pfeiffer: after
-  FF only; encoder layers only).
+  "activation", "original_ln_before", "init"}`: bottleneck adapters (Houlsby: after attention
+  and after FF; Pfeiffer: after FF only), AdapterHub's by default
+  (`sparse_jax.layers.adapters`).
 
 A missing section means "none", so every existing config keeps its model unchanged.
 """
@@ -17,7 +18,8 @@ from flax import nnx
 
 from sparse_jax import schema, validation
 from sparse_jax.layers import spartan
-from sparse_jax.layers.adapters import ADAPTERS_PER_LAYER, BottleneckAdapter
+from sparse_jax.layers.adapters import (ADAPTER_INITS, ADAPTERHUB_DEFAULTS, ADAPTERS_PER_LAYER,
+                                        BottleneckAdapter)
 from sparse_jax.layers.dense_ff import ACTIVATIONS
 
 _schema = dataclasses.dataclass(frozen=True, kw_only=True)
@@ -68,10 +70,18 @@ class NoAdapterConfig(AdapterConfig):
 @AdapterConfig.variant(*ADAPTERS_PER_LAYER)
 @_schema
 class BottleneckAdapterConfig(AdapterConfig):
-  """Bottleneck adapters (`layers.adapters.BottleneckAdapter`), Houlsby's or Pfeiffer's."""
+  """Bottleneck adapters (`layers.adapters.BottleneckAdapter`), Houlsby's or Pfeiffer's;
+  `activation` and `original_ln_before` None take the kind's AdapterHub setting."""
 
   bottleneck: schema.PositiveInt
-  activation: Literal[tuple(ACTIVATIONS)] = "relu"
+  activation: Literal[tuple(ACTIVATIONS)] | None = None
+  original_ln_before: bool | None = None
+  init: Literal[ADAPTER_INITS] = "bert"
+
+  def setting(self, name: str):
+    """The field `name`, or the kind's AdapterHub default when it is None."""
+    value = getattr(self, name)
+    return ADAPTERHUB_DEFAULTS[self.kind][name] if value is None else value
 
 
 def build_memory(memory: MemoryConfig, d_model: int,
@@ -94,9 +104,12 @@ def apply_memory(memory: spartan.SpartanMemory | None, h_btd, aux: dict):
 
 def build_adapter(adapters: AdapterConfig, d_model: int, position: str,
                   rngs: nnx.Rngs) -> BottleneckAdapter | None:
-  """The adapter of `adapters` at `position` ("attn" or "ff") of one layer, or None."""
+  """The adapter of `adapters` at `position` ("attn" or "ff") of one layer, or None
+  (Pfeiffer's have none after the attention)."""
   if not isinstance(adapters, BottleneckAdapterConfig) or (
       adapters.kind == "pfeiffer" and position == "attn"):
     return None
-  return BottleneckAdapter(d_model, adapters.bottleneck, activation=adapters.activation,
-                           rngs=rngs)
+  return BottleneckAdapter(d_model, adapters.bottleneck,
+                           activation=adapters.setting("activation"),
+                           original_ln_before=adapters.setting("original_ln_before"),
+                           init=adapters.init, rngs=rngs)

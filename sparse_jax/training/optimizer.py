@@ -1,11 +1,17 @@
-"""The `train` section, and Adam with linear warmup, cosine decay to zero and global-norm
-clipping (sigma-MoE App. B)."""
+"""The `train` section, and Adam with global-norm clipping and a learning-rate schedule:
+linear warmup then cosine decay to zero (sigma-MoE App. B), or linear decay to zero (the
+Hugging Face Trainer's default, which the SPARTAN reference runs).
+"""
 
 import dataclasses
+from typing import Literal
 
 import optax
 
 from sparse_jax import schema, validation
+
+
+SCHEDULES = ("cosine", "linear")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -19,6 +25,7 @@ class TrainConfig(schema.Schema):
   steps: schema.PositiveInt
   lr: schema.PositiveFloat
   warmup_steps: schema.NonNegativeInt = 0
+  schedule: Literal[SCHEDULES] = "cosine"  # The decay after the warmup (module docstring).
   grad_clip: schema.PositiveFloat | None = None
   log_every: schema.PositiveInt
   eval_every: schema.PositiveInt
@@ -38,10 +45,20 @@ class BatchedTrainConfig(TrainConfig):
 
 
 def learning_rate_schedule(cfg: TrainConfig) -> optax.Schedule:
-  """Linear warmup to `lr` over `warmup_steps`, then cosine decay to 0 at `steps`."""
-  return optax.warmup_cosine_decay_schedule(
-      init_value=0.0 if cfg.warmup_steps else cfg.lr, peak_value=cfg.lr,
-      warmup_steps=cfg.warmup_steps, decay_steps=cfg.steps, end_value=0.0)
+  """Linear warmup to `lr` over `warmup_steps`, then `schedule` decay to 0 at `steps`.
+
+  "linear" is `transformers.get_linear_schedule_with_warmup`: `lr * (steps - t) / (steps -
+  warmup_steps)` after the warmup.
+  """
+  if cfg.schedule == "cosine":
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0 if cfg.warmup_steps else cfg.lr, peak_value=cfg.lr,
+        warmup_steps=cfg.warmup_steps, decay_steps=cfg.steps, end_value=0.0)
+  decay = optax.linear_schedule(cfg.lr, 0.0, cfg.steps - cfg.warmup_steps)
+  if not cfg.warmup_steps:
+    return decay
+  warmup = optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps)
+  return optax.join_schedules([warmup, decay], [cfg.warmup_steps])
 
 
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:

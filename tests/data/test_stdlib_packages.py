@@ -146,6 +146,10 @@ def test_load_task_split_and_few_shot_subsets(fake_stdlib, records, tmp_path):
     assert set(zip(subset.texts[0], subset.labels.tolist())) <= pairs
   smaller = classification.load_task_split(cfg, "train", n_examples=3, seed=1)
   assert smaller.texts[0] == subsets[1].texts[0][:3]  # Nested: a prefix of the larger draw.
+  for seed in (0, 1):  # The reference's few-shot script: the split's first records, any seed.
+    first = classification.load_task_split(cfg, "train", n_examples=n, seed=seed, first=True)
+    assert first.texts[0] == train.texts[0][:n]
+    np.testing.assert_array_equal(first.labels, train.labels[:n])
   with pytest.raises(ValueError, match="n_examples"):
     classification.load_task_split(cfg, "train", n_examples=len(train) + 1)
 

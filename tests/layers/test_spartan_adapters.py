@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 from jax.test_util import check_grads
 
-from sparse_jax.layers.adapters import BottleneckAdapter, adapter_params
+from sparse_jax.layers.adapters import BottleneckAdapter, adapted_residual, adapter_params
 from sparse_jax.layers.counting import count_params
 from sparse_jax.layers.spartan import (SpartanMemory, gather_children, select_parents,
                                        spartan_memory, spartan_params)
@@ -128,31 +128,79 @@ def _gelu(h):
   return 0.5 * h * (1 + np.vectorize(math.erf)(h / math.sqrt(2)))
 
 
-@pytest.mark.parametrize("activation", ["relu", "gelu"])
-def test_adapter_matches_numpy_definition(activation):
-  rng = np.random.default_rng(4)
-  d, b = D, 4
-  adapter = BottleneckAdapter(d, b, activation=activation, rngs=nnx.Rngs(0))
+NUMPY_ACTIVATIONS = {"relu": lambda h: np.maximum(h, 0), "gelu": _gelu,
+                     "swish": lambda h: h / (1 + np.exp(-h))}
+
+
+def _random_adapter(d, b, rng, **kwargs):
+  """An adapter with random float32 weights, and those weights in float64."""
+  adapter = BottleneckAdapter(d, b, rngs=nnx.Rngs(0), **kwargs)
   params = {name: rng.normal(size=shape).astype(np.float32) for name, shape in
             [("w_down", (d, b)), ("b_down", (b,)), ("w_up", (b, d)), ("b_up", (d,))]}
   for name, value in params.items():
     getattr(adapter, name)[...] = jnp.asarray(value)
-  x = rng.normal(size=(2, 3, d)).astype(np.float32)
-  p = {k: v.astype(np.float64) for k, v in params.items()}
-  pre = x.astype(np.float64) @ p["w_down"] + p["b_down"]
-  hidden = np.maximum(pre, 0) if activation == "relu" else _gelu(pre)
-  want = x + hidden @ p["w_up"] + p["b_up"]
-  np.testing.assert_allclose(adapter(jnp.asarray(x)), want, rtol=1e-5, atol=1e-5)
+  return adapter, {k: v.astype(np.float64) for k, v in params.items()}
 
 
-def test_zero_init_adapter_is_exactly_the_identity_and_counts_are_closed_form():
-  d, b = 16, 4
-  adapter = BottleneckAdapter(d, b, activation="gelu", rngs=nnx.Rngs(0))
-  assert float(jnp.abs(adapter.w_down[...]).max()) > 0
-  x = jax.random.normal(jax.random.key(5), (2, 3, d))
-  np.testing.assert_array_equal(adapter(x), x)
-  assert count_params(adapter) == adapter_params(d, b, per_layer=1, n_layers=1)
+def _bottleneck(z, p, activation):
+  return NUMPY_ACTIVATIONS[activation](z @ p["w_down"] + p["b_down"]) @ p["w_up"] + p["b_up"]
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "swish"])
+def test_adapter_bottleneck_matches_numpy_definition(activation):
+  rng = np.random.default_rng(4)
+  adapter, p = _random_adapter(D, 4, rng, activation=activation)
+  z = rng.normal(size=(2, 3, D)).astype(np.float32)
+  want = _bottleneck(z.astype(np.float64), p, activation)
+  np.testing.assert_allclose(adapter(jnp.asarray(z)), want, rtol=1e-5, atol=1e-5)
+
+
+def _layer_norm(y):
+  mean, var = y.mean(-1, keepdims=True), y.var(-1, keepdims=True)
+  return (y - mean) / np.sqrt(var + 1e-5)
+
+
+@pytest.mark.parametrize("original_ln_before", [False, True])
+@pytest.mark.parametrize("post_ln", [False, True])
+def test_adapted_residual_is_adapterhubs_bottleneck_layer(original_ln_before, post_ln):
+  """AdapterHub (`Adapter.pre_forward`, `forward`, `post_forward` with residual_before_ln):
+  the residual around the bottleneck is the sublayer output h; the input is h, or LN(h + x)
+  with original_ln_before; the result LN(A + h + x). Pre-LN blocks pass no LayerNorm."""
+  rng = np.random.default_rng(5)
+  adapter, p = _random_adapter(D, 3, rng, activation="swish",
+                               original_ln_before=original_ln_before)
+  h, x = (rng.normal(size=(2, 4, D)).astype(np.float32) for _ in range(2))
+  norm64 = _layer_norm if post_ln else (lambda y: y)
+  norm32 = (lambda y: (y - y.mean(-1, keepdims=True))
+            * jax.lax.rsqrt(y.var(-1, keepdims=True) + 1e-5)) if post_ln else None
+  h64, x64 = h.astype(np.float64), x.astype(np.float64)
+  residual = h64
+  adapter_in = norm64(h64 + x64) if original_ln_before else h64
+  want = norm64(_bottleneck(adapter_in, p, "swish") + residual + x64)
+  got = adapted_residual(adapter, jnp.asarray(h), jnp.asarray(x), norm32)
+  np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+  np.testing.assert_allclose(adapted_residual(None, jnp.asarray(h), jnp.asarray(x), norm32),
+                             norm64(h64 + x64), rtol=1e-5, atol=1e-5)
+
+
+def test_adapter_inits_and_counts():
+  """"bert" (AdapterHub's default): N(0, 0.02^2) weights, zero biases; "near_identity":
+  truncated N(0, 1e-2^2) down projection, zero up projection, so A(z) = 0 exactly."""
+  d, b = 256, 64
+  bert = BottleneckAdapter(d, b, rngs=nnx.Rngs(0))
+  for w in (bert.w_down[...], bert.w_up[...]):
+    # The sample std of n = 16384 normals is within 3% of 0.02 with overwhelming probability.
+    assert float(jnp.std(w)) == pytest.approx(0.02, rel=0.03)
+    assert abs(float(jnp.mean(w))) < 0.02 * 4 / math.sqrt(w.size)
+  assert not jnp.any(bert.b_down[...]) and not jnp.any(bert.b_up[...])
+  identity = BottleneckAdapter(d, b, activation="gelu", init="near_identity", rngs=nnx.Rngs(0))
+  assert float(jnp.abs(identity.w_down[...]).max()) <= 2e-2
+  assert float(jnp.std(identity.w_down[...])) == pytest.approx(0.0088, rel=0.05)  # 1e-2 * 0.88
+  z = jax.random.normal(jax.random.key(5), (2, 3, d))
+  np.testing.assert_array_equal(identity(z), jnp.zeros_like(z))
+  assert count_params(bert) == adapter_params(d, b, per_layer=1, n_layers=1)
   assert adapter_params(768, 64, per_layer=2, n_layers=12) == 24 * (2 * 768 * 64 + 64 + 768)
-  assert adapter.flops_per_token() == 2 * d * b
-  with pytest.raises(ValueError, match="activation"):
-    BottleneckAdapter(d, b, activation="tanh", rngs=nnx.Rngs(0))
+  assert bert.flops_per_token() == 2 * d * b
+  for bad in ({"activation": "tanh"}, {"init": "xavier"}):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+      BottleneckAdapter(d, b, rngs=nnx.Rngs(0), **bad)

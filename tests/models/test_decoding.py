@@ -51,8 +51,11 @@ def test_decode_steps_equal_the_full_forward(attention, ff):
   np.testing.assert_allclose(decode_all(lm, tokens), full, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("overrides", [dict(loss_sparsity=4), dict(positions="sinusoidal")])
-def test_decode_with_sparse_loss_and_sinusoidal_positions(overrides):
+@pytest.mark.parametrize("overrides", [
+    dict(loss_sparsity=4), dict(positions="sinusoidal"),
+    dict(adapters={"kind": "houlsby", "bottleneck": 4}),
+    dict(adapters={"kind": "pfeiffer", "bottleneck": 4})])
+def test_decode_with_sparse_loss_sinusoidal_positions_and_adapters(overrides):
   lm = build(lm_config("causal", "dense", **overrides))
   tokens = jax.random.randint(jax.random.key(2), (1, 6), 0, 32)
   np.testing.assert_allclose(decode_all(lm, tokens), lm(tokens)[0], rtol=1e-5, atol=1e-5)

@@ -39,11 +39,11 @@ def test_imported_encoder_reproduces_hugging_face_hidden_states(tmp_path, head):
 
 
 @pytest.mark.parametrize("adapters", ["houlsby", "pfeiffer"])
-def test_adapters_at_init_keep_the_backbone_outputs(tmp_path, adapters):
+def test_near_identity_adapters_at_init_keep_the_backbone_outputs(tmp_path, adapters):
   save_random_roberta(tmp_path)
   cfg = hf_roberta.encoder_config(str(tmp_path))
   plain = hf_roberta.load_encoder(str(tmp_path), rngs=nnx.Rngs(0))
-  cfg.adapters = {"kind": adapters, "bottleneck": 8, "activation": "relu"}
+  cfg.adapters = {"kind": adapters, "bottleneck": 8, "init": "near_identity"}
   adapted = hf_roberta.load_encoder(str(tmp_path), cfg, rngs=nnx.Rngs(1))
   plain.eval(), adapted.eval()
   tokens = jnp.asarray(_tokens(np.random.default_rng(2)))

@@ -96,3 +96,16 @@ def test_compute_and_glue_score():
     cm.glue_score("glue/cola", results)
   with pytest.raises(ConfigError, match="metrics"):
     cm.compute(("auc",), pred, label)
+
+
+def test_spartan_score_follows_the_papers_appendix_c():
+  results = {"accuracy": 0.8, "f1": 0.9}
+  assert cm.spartan_score("glue/qqp", results) == 0.8  # accuracy alone, unlike GLUE's rule
+  assert cm.spartan_score("glue/mrpc", results) == 0.8
+  assert cm.spartan_score("glue/mrpc", results, mrpc="f1") == 0.9
+  assert cm.spartan_score("glue/mrpc", results, mrpc="mean") == pytest.approx(0.85)
+  assert cm.spartan_score("glue/cola", {"matthews_corrcoef": 0.3}) == 0.3
+  assert cm.spartan_score("glue/stsb", {"pearson": 0.8, "spearman": 0.6}) == pytest.approx(0.7)
+  assert cm.spartan_score("glue/mnli", results) == 0.8
+  with pytest.raises(ConfigError, match="mrpc"):
+    cm.spartan_score("glue/mrpc", results, mrpc="auc")

@@ -18,6 +18,8 @@ from sparse_jax.validation import ConfigError
     ("method.kind", "lora", "'method.kind' must be one of"),
     ("method.spartan.top_k", 20, "'method.spartan.top_k' must be at most"),
     ("method.adapter.activation", "tanh", "'method.adapter.activation' must be one of"),
+    ("method.adapter.init", "xavier", "'method.adapter.init' must be one of"),
+    ("train.schedule", "constant", "'train.schedule' must be one of"),
 ])
 def test_fine_tuning_sections_name_the_bad_field(path, value, message):
   config = spartan_stdlib.get_config()
@@ -42,5 +44,7 @@ def test_an_unknown_section_is_named_with_the_nearest_one():
 def test_defaults_come_from_the_schemas():
   typed = validate_config(spartan_stdlib.get_config())
   assert typed.method.spartan.n_parents == 16 and typed.method.adapter.bottleneck == 64
-  assert typed.train.warmup_steps == 36  # 6% of 600 steps, rounded up
+  # The SPARTAN reference's schedule (Hugging Face Trainer defaults) and temperature.
+  assert (typed.train.schedule, typed.train.warmup_steps) == ("linear", 0)
+  assert typed.method.spartan.temperature == 1.6
   assert (typed.mesh.data, typed.mesh.fsdp, typed.mesh.expert) == (-1, 1, 1)

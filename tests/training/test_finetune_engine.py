@@ -85,6 +85,7 @@ def two_processes(backbone_dir, data_dir, workdir):
       "--config.task.download=False", "--config.task.max_len=24",
       "--config.method.spartan.n_parents=4", "--config.method.spartan.n_children=2",
       "--config.method.spartan.top_k=2", "--config.train.steps=4", "--config.train.lr=1e-2",
+      "--config.train.warmup_steps=1",
       "--config.train.batch_size=8", "--config.train.log_every=1", "--config.train.ckpt_every=2",
       "--config.eval.batch_size=8", "--config.mesh.data=2", "--config.mesh.fsdp=2",
       f"--workdir={workdir}", f"--coordinator_address=localhost:{free_port()}",

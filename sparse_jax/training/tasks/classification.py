@@ -120,17 +120,19 @@ class ClassificationTask(Task):
     optimizer = nnx.Optimizer(model, make_optimizer(self.typed.train), wrt=self._trainable)
     return placement.put((model, optimizer))
 
-  def _tokenized(self, split: str, n_examples: int | None) -> dict[str, np.ndarray]:
+  def _tokenized(self, split: str, n_examples: int | None,
+                 first: bool = False) -> dict[str, np.ndarray]:
     """A split as arrays: `tokens [N, max_len]`, `lengths [N]`, `labels [N]`."""
     loaded = classification.load_task_split(self.typed.task, split, n_examples=n_examples,
-                                            seed=self.typed.seed)
+                                            seed=self.typed.seed, first=first)
     if self._tokenizer is None:
       self._tokenizer = backbones.load_tokenizer(self.typed.backbone)
     tokens, lengths = self._tokenizer.encode(loaded.texts, self.typed.task.max_len)
     return {"tokens": tokens, "lengths": lengths, "labels": loaded.labels}
 
   def load_data(self, placement: Placement):
-    train = self._tokenized("train", self.typed.task.n_train)
+    task = self.typed.task
+    train = self._tokenized("train", task.n_train, first=task.n_train_from == "first")
     self._valid = self._tokenized(self.spec.eval_split, self.typed.eval.max_examples)
     return task_batches.train_iterator(train, self.batch_size, self.typed.seed,
                                        placement.local_rows(self.batch_size))
