@@ -1,17 +1,33 @@
 """Unbatched decoding speed: dense vs Scaling Transformers' sparse layers (paper Table 1).
 
-    python benchmarks/decode.py [--d_model=1024] [--layers=4] [--out=benchmarks/decode_cpu.json]
+    python benchmarks/decode.py [--shape=800m] [--layers=4] [--out=benchmarks/decode_cpu.json]
+    python benchmarks/decode.py --shape=17b --block_only --out=benchmarks/decode_17b_cpu.json
 
-Times one decoded token (batch 1, a KV cache of `--context` positions) for one decoder block
-and for a small whole model, for the dense block (causal attention, d_ff 4096), SparseFF
-(block 64), sparse QKV (S = 16 heads, d_ff 6144) and both, at d_model 1024 with 16 heads as
-in the paper. Prints a table with ratios to dense and writes JSON.
+Times one decoded token (batch 1, a KV cache of `--context` positions, float32, random weights)
+for one decoder block and, unless `--block_only`, for a small whole model, for four variants:
+the dense block (causal attention, dense FF), SparseFF, sparse QKV (with `d_ff` raised by
+`2 d_model`, the parameters the sparse QKV layer frees: the paper's 4096 -> 6144) and both.
+Prints a table with ratios to dense, next to the paper's per-block times, and writes JSON.
+
+Shapes (`--shape`, each field overridable by its flag):
+- `800m`: the paper's T5-large-like model: d_model 1024, 16 heads, S = 16, d_ff 4096,
+  FF sparsity (block) 64. Paper per block: dense 5.9 ms, FF+QKV 1.9 ms (3.05x).
+- `17b`: the paper's 17B model: d_model 9216, 96 heads, attention sparsity S = 64 (a head
+  spans 1.5 modules), FF sparsity 256. The paper does not print its d_ff; 49152 is the width
+  that gives "approximately 17B" parameters for 6 + 6 encoder-decoder layers
+  (`72 d^2 + 24 d d_ff` = 17.0B). One block is about 5 GB of float32 weights, so only the
+  block is timed (`--block_only` is implied). Paper per block: dense 581 ms, FF+QKV 14 ms
+  (42.5x).
+Inputs are sinusoidal-position models as Trax's (`model.positions`), so attention has no
+rotary rotation.
 """
 
 import argparse
+import gc
 import json
 import os
 import platform
+import resource
 import statistics
 import time
 
@@ -23,19 +39,52 @@ from flax import nnx
 from sparse_jax.models.blocks import DecoderBlock
 from sparse_jax.models.lm import TransformerLM, validate_model_config
 
-VARIANTS = {  # name: (attention, FF config)
-    "dense": ("causal", {"kind": "dense", "d_ff": 4096}),
-    "sparse_ff": ("causal", {"kind": "sparse_ff", "d_ff": 4096, "block_size": 64}),
-    "sparse_qkv": ("sparse_qkv", {"kind": "dense", "d_ff": 6144}),
-    "sparse_ff_qkv": ("sparse_qkv", {"kind": "sparse_ff", "d_ff": 6144, "block_size": 64}),
+SHAPES = {
+    "800m": dict(d_model=1024, n_heads=16, attention_sparsity=None, d_ff=4096, block_size=64),
+    "17b": dict(d_model=9216, n_heads=96, attention_sparsity=64, d_ff=49152, block_size=256),
+}
+# name: (attention, FF kind, whether d_ff is raised for the sparse QKV layer's parameters)
+VARIANTS = {
+    "dense": ("causal", "dense", False),
+    "sparse_ff": ("causal", "sparse_ff", False),
+    "sparse_qkv": ("sparse_qkv", "dense", True),
+    "sparse_ff_qkv": ("sparse_qkv", "sparse_ff", True),
+}
+PAPER_BLOCK_MS = {  # Table 1, decoding time per block.
+    "800m": {"dense": 5.9, "sparse_ff": 3.1, "sparse_qkv": 6.2, "sparse_ff_qkv": 1.9},
+    "17b": {"dense": 581.0, "sparse_ff": 259.0, "sparse_qkv": 554.0, "sparse_ff_qkv": 14.0},
 }
 
 
-def model_config(variant: str, d_model: int, n_layers: int) -> ml_collections.ConfigDict:
-  attention, ff = VARIANTS[variant]
-  return ml_collections.ConfigDict(dict(
-      vocab_size=256, d_model=d_model, n_layers=n_layers, n_heads=16, mem_len=0,
-      dropout=0.0, attention=attention, positions="rotary", ff=ff))
+def shape_of(args: argparse.Namespace) -> dict:
+  """The `--shape` preset with the fields given on the command line replacing its own."""
+  shape = dict(SHAPES[args.shape])
+  shape.update({k: getattr(args, k) for k in shape if getattr(args, k) is not None})
+  return shape
+
+
+def qkv_d_ff(d_ff: int, d_model: int, block_size: int) -> int:
+  """`d_ff + 2 d_model` (dense Q, K, V, O hold `4 d_model^2` parameters, an FF unit
+  `2 d_model`), rounded up to a multiple of the FF block: 4096 -> 6144 at d_model 1024."""
+  raised = d_ff + 2 * d_model
+  return -(-raised // block_size) * block_size
+
+
+def model_config(variant: str, shape: dict, n_layers: int,
+                 d_lowrank: int | None = None) -> ml_collections.ConfigDict:
+  """The `model` section of `variant` at `shape` (random weights, vocabulary 256)."""
+  attention, ff_kind, raise_d_ff = VARIANTS[variant]
+  d_ff = (qkv_d_ff(shape["d_ff"], shape["d_model"], shape["block_size"]) if raise_d_ff
+          else shape["d_ff"])
+  ff = {"kind": ff_kind, "d_ff": d_ff}
+  if ff_kind == "sparse_ff":
+    ff.update(block_size=shape["block_size"], d_lowrank=d_lowrank)
+  cfg = dict(vocab_size=256, d_model=shape["d_model"], n_layers=n_layers,
+             n_heads=shape["n_heads"], mem_len=0, dropout=0.0, attention=attention,
+             positions="sinusoidal", ff=ff)
+  if attention == "sparse_qkv" and shape["attention_sparsity"] is not None:
+    cfg["attention_sparsity"] = shape["attention_sparsity"]
+  return ml_collections.ConfigDict(cfg)
 
 
 def median_seconds(fn, args, repeats: int) -> float:
@@ -49,10 +98,12 @@ def median_seconds(fn, args, repeats: int) -> float:
 
 
 def time_block(cfg, context: int, repeats: int) -> float:
+  """Median seconds of one block's `decode` of a token after `context` cached ones."""
   block = DecoderBlock(validate_model_config(cfg), rngs=nnx.Rngs(0))
   block.eval()
   graphdef, state = nnx.split(block)
-  cache = block.attn.init_cache(1, context + 1, jnp.float32)
+  del block
+  cache = nnx.merge(graphdef, state).attn.init_cache(1, context + 1, jnp.float32)
 
   @jax.jit
   def step(state, cache, h_b1d):
@@ -63,6 +114,7 @@ def time_block(cfg, context: int, repeats: int) -> float:
 
 
 def time_model(cfg, context: int, repeats: int) -> float:
+  """Median seconds of the whole model's `decode_step` after `context` cached tokens."""
   lm = TransformerLM(cfg, rngs=nnx.Rngs(0))
   lm.eval()
   graphdef, state = nnx.split(lm)
@@ -76,33 +128,73 @@ def time_model(cfg, context: int, repeats: int) -> float:
   return median_seconds(step, (state, cache, jnp.zeros((1, 1), jnp.int32)), repeats)
 
 
-def main():
+def peak_rss_gib() -> float:
+  """This process's peak resident memory so far (Linux reports KiB)."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+
+
+def parse_args(argv=None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--d_model", type=int, default=1024)
+  parser.add_argument("--shape", choices=sorted(SHAPES), default="800m",
+                      help="Preset block shape; 17b implies --block_only.")
+  for name in SHAPES["800m"]:
+    parser.add_argument(f"--{name}", type=int, default=None, help="Overrides the shape's.")
+  parser.add_argument("--d_lowrank", type=int, default=None,
+                      help="SparseFF controller rank (default d_ff / block_size, Trax's).")
+  parser.add_argument("--block_only", action="store_true", help="Skip the whole-model timing.")
   parser.add_argument("--layers", type=int, default=4, help="Layers of the whole model.")
   parser.add_argument("--context", type=int, default=128, help="Cached positions.")
-  parser.add_argument("--repeats", type=int, default=50)
+  parser.add_argument("--repeats", type=int, default=None,
+                      help="Timed calls per measurement (default 50; 10 for 17b).")
   parser.add_argument("--out", default="benchmarks/decode_cpu.json")
-  args = parser.parse_args()
-  rows = []
-  for name in VARIANTS:
-    cfg = model_config(name, args.d_model, args.layers)
-    rows.append({"variant": name,
-                 "block_ms": 1000 * time_block(cfg, args.context, args.repeats),
-                 "model_ms": 1000 * time_model(cfg, args.context, args.repeats)})
+  args = parser.parse_args(argv)
+  args.block_only = args.block_only or args.shape == "17b"
+  args.repeats = args.repeats or (10 if args.shape == "17b" else 50)
+  return args
+
+
+def measure(variant: str, args: argparse.Namespace, shape: dict) -> dict:
+  cfg = model_config(variant, shape, args.layers, args.d_lowrank)
+  row = {"variant": variant, "d_ff": cfg.ff.d_ff,
+         "block_ms": 1000 * time_block(cfg, args.context, args.repeats)}
+  gc.collect()
+  if not args.block_only:
+    row["model_ms"] = 1000 * time_model(cfg, args.context, args.repeats)
+    gc.collect()
+  row["peak_rss_gib"] = peak_rss_gib()
+  return row
+
+
+def print_table(rows: list[dict], paper: dict | None) -> None:
   dense = rows[0]
-  print(f"{'variant':<14} {'block ms':>9} {'x dense':>8} {'model ms':>9} {'x dense':>8}")
+  header = f"{'variant':<14} {'d_ff':>6} {'block ms':>10} {'x dense':>8}"
+  header += f" {'paper x':>8}" if paper else ""
+  header += "" if "model_ms" not in dense else f" {'model ms':>9} {'x dense':>8}"
+  print(header)
   for r in rows:
     r["block_speedup"] = dense["block_ms"] / r["block_ms"]
-    r["model_speedup"] = dense["model_ms"] / r["model_ms"]
-    print(f"{r['variant']:<14} {r['block_ms']:>9.3f} {r['block_speedup']:>8.2f} "
-          f"{r['model_ms']:>9.3f} {r['model_speedup']:>8.2f}")
+    line = f"{r['variant']:<14} {r['d_ff']:>6} {r['block_ms']:>10.3f} {r['block_speedup']:>8.2f}"
+    if paper:
+      line += f" {paper['dense'] / paper[r['variant']]:>8.2f}"
+    if "model_ms" in r:
+      r["model_speedup"] = dense["model_ms"] / r["model_ms"]
+      line += f" {r['model_ms']:>9.3f} {r['model_speedup']:>8.2f}"
+    print(line)
+
+
+def main(argv=None) -> dict:
+  args = parse_args(argv)
+  shape = shape_of(args)
+  rows = [measure(name, args, shape) for name in VARIANTS]
+  paper = PAPER_BLOCK_MS[args.shape] if shape == SHAPES[args.shape] else None
+  print_table(rows, paper)
   result = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, "
                        f"{jax.default_backend()}", "jax": jax.__version__, **vars(args),
-            "rows": rows}
+            "shape_fields": shape, "paper_block_ms": paper, "rows": rows}
   with open(args.out, "w") as f:
     json.dump(result, f, indent=2)
   print(f"wrote {args.out}")
+  return result
 
 
 if __name__ == "__main__":

@@ -3,12 +3,14 @@
     python train.py --config=configs/scaling_small.py:dense
     python train.py --config=configs/scaling_small.py:ff_qkv_loss
 
-Variants (Jaszczur et al. 2021, Table 1 and Sec. 3): `dense` (causal attention, rotary
-positions, dense FF), `ff` (SparseFF, block 32), `qkv` (sparse QKV: multiplicative +
-convolution, S = heads), `ff_qkv` (both) and `ff_qkv_loss` (both plus the multiplicative
-output layer, loss sparsity 4). Each sparse variant gets the largest `d_ff` that keeps the
-attention + FF parameters of a block at most the dense block's, as the paper raises `d_ff` for
-sparse QKV.
+Variants (Jaszczur et al. 2021, Table 1 and Sec. 3): `dense` (causal attention, dense FF),
+`ff` (SparseFF, block 32), `qkv` (sparse QKV: multiplicative + convolution, S = heads),
+`ff_qkv` (both) and `ff_qkv_loss` (both plus the multiplicative output layer, loss sparsity
+4). Each sparse variant gets the largest `d_ff` that keeps the attention + FF parameters of a
+block at most the dense block's, as the paper raises `d_ff` for sparse QKV. Every variant adds
+a sinusoidal positional encoding at the input, as Trax's models do (`model.positions =
+"sinusoidal"`: no rotary rotation in attention), and its SparseFF takes Trax's defaults
+(clean soft mask, Glorot controller, no b1, mask before the ReLU).
 """
 
 import ml_collections
@@ -22,7 +24,7 @@ BLOCK_SIZE = 32
 
 def _dense_config() -> ml_collections.ConfigDict:
   config = default.get_config()
-  config.model.update(attention="causal", positions="rotary", n_heads=8, mem_len=0,
+  config.model.update(attention="causal", positions="sinusoidal", n_heads=8, mem_len=0,
                       loss_sparsity=0)
   config.model.ff = ml_collections.ConfigDict({"kind": "dense", "d_ff": 1024, "dropout": 0.0})
   return config

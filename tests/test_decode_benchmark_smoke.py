@@ -4,6 +4,7 @@ import json
 import sys
 
 from benchmarks import decode
+from sparse_jax.models.lm import validate_model_config
 
 
 def test_decode_benchmark_writes_its_table(tmp_path, monkeypatch, capsys):
@@ -15,3 +16,27 @@ def test_decode_benchmark_writes_its_table(tmp_path, monkeypatch, capsys):
   assert [r["variant"] for r in result["rows"]] == list(decode.VARIANTS)
   assert all(r["block_ms"] > 0 and r["model_ms"] > 0 for r in result["rows"])
   assert "sparse_ff_qkv" in capsys.readouterr().out
+
+
+def test_block_only_run_with_attention_sparsity_below_the_heads(tmp_path, capsys):
+  """The 17b path (S != heads, block only) at a toy width: 6 heads over S = 4 modules."""
+  out = tmp_path / "decode_17b.json"
+  result = decode.main(["--shape=17b", "--d_model=24", "--n_heads=6", "--attention_sparsity=4",
+                        "--d_ff=64", "--block_size=8", "--context=4", "--repeats=2",
+                        f"--out={out}"])
+  assert json.loads(out.read_text()) == result and result["block_only"]
+  assert [r["d_ff"] for r in result["rows"]] == [64, 64, 112, 112]  # + 2 d_model for QKV
+  assert all(r["block_ms"] > 0 and "model_ms" not in r for r in result["rows"])
+  assert result["paper_block_ms"] is None  # overridden shape: no paper column
+  assert "paper x" not in capsys.readouterr().out
+
+
+def test_paper_shapes_validate_as_model_configs():
+  """The presets themselves, parsed (not built: one 17b block is ~5 GB)."""
+  big = validate_model_config(decode.model_config("sparse_ff_qkv", decode.SHAPES["17b"], 1))
+  assert (big.d_model, big.n_heads, big.attention_sparsity, big.ff.block_size, big.ff.d_ff,
+          big.positions) == (9216, 96, 64, 256, 49152 + 2 * 9216, "sinusoidal")
+  small = validate_model_config(decode.model_config("sparse_qkv", decode.SHAPES["800m"], 1))
+  assert (small.ff.d_ff, small.attention_sparsity) == (6144, None)  # the paper's 4096 -> 6144
+  dense = validate_model_config(decode.model_config("dense", decode.SHAPES["17b"], 1))
+  assert (dense.attention, dense.ff.kind, dense.ff.d_ff) == ("causal", "dense", 49152)

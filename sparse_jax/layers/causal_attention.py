@@ -89,7 +89,11 @@ class CausalSelfAttention(nnx.Module):
     return q_bthc, k_bthc, v_bthc
 
   def project_out(self, out_bthc: jax.Array) -> jax.Array:
-    return jnp.einsum("bthc,hcd->btd", out_bthc, self.w_o[...].astype(out_bthc.dtype))
+    """`[B, T, H, Dh] -> [B, T, d_model]` as one matmul over `H * Dh`: XLA:CPU runs the
+    two-axis einsum 7x slower at d_model 9216 (the 17B decode benchmark)."""
+    b, t, h, c = out_bthc.shape
+    w_o = self.w_o[...].astype(out_bthc.dtype).reshape(h * c, -1)
+    return out_bthc.reshape(b, t, h * c) @ w_o
 
   def __call__(self, x_btd: jax.Array) -> jax.Array:
     """Causal self-attention over the sequence, `[B, T, d_model] -> [B, T, d_model]`."""

@@ -232,11 +232,19 @@ def _build_softmax_moe(ff: SoftmaxMoEConfig, *, d_model, n_layers, rngs):
 
 @_schema
 class SparseFFConfig(FFConfig):
+  """Scaling Transformers' SparseFF. Defaults are Trax 1.4's `SparseFF`; the paper text's
+  layer is `up_bias=True, mask_placement="post_relu"` (`soft_mask="noisy"` and
+  `controller_init="normal"` are this library's earlier choices)."""
+
   d_ff: schema.PositiveInt
   block_size: schema.PositiveInt
   d_lowrank: schema.PositiveInt | None = None  # None: d_ff // block_size (Trax's default).
   temperature: schema.PositiveFloat = 0.1
   quant_prob: float = 0.3
+  soft_mask: Literal[SparseFF.SOFT_MASKS] = "clean"  # softmax of the clean logits (Trax).
+  controller_init: Literal[SparseFF.CONTROLLER_INITS] = "glorot"  # C1, C2 (Trax).
+  up_bias: bool = False  # b1 on x W1 (the paper has it, Trax not).
+  mask_placement: Literal[SparseFF.MASK_PLACEMENTS] = "pre_relu"  # ReLU(x W1 * m) (Trax).
 
   def check(self, path: str) -> None:
     validation.require(self.d_ff % self.block_size == 0, f"{path}.block_size",
@@ -247,6 +255,8 @@ class SparseFFConfig(FFConfig):
 
 @register_ff("sparse_ff", SparseFFConfig)
 def _build_sparse_ff(ff: SparseFFConfig, *, d_model, n_layers, rngs):
-  return SparseFF(d_model, ff.d_ff, ff.block_size, ff.d_lowrank or ff.d_ff // ff.block_size,
-                  n_layers=n_layers, temperature=ff.temperature, quant_prob=ff.quant_prob,
-                  rngs=rngs)
+  return SparseFF(
+      d_model, ff.d_ff, ff.block_size, ff.d_lowrank or ff.d_ff // ff.block_size,
+      n_layers=n_layers, temperature=ff.temperature, quant_prob=ff.quant_prob,
+      soft_mask=ff.soft_mask, controller_init=ff.controller_init, up_bias=ff.up_bias,
+      mask_placement=ff.mask_placement, rngs=rngs)

@@ -1,22 +1,42 @@
-"""Sparse feed-forward layer of Scaling Transformers (Sec. 3.1).
+"""Sparse feed-forward layer of Scaling Transformers (Sec. 3.1; Trax 1.4 `SparseFF`).
 
 `d_ff` is split into `d_ff / N` blocks of N units, of which exactly one per block may be
-non-zero. A low-rank controller `x C1 C2 + c` scores the units of each block:
+non-zero. A low-rank controller `x C1 C2 + c` (no nonlinearity between) scores the units of
+each block, and its mask `m` gates the hidden units:
 
-    Y_sparse = ReLU(x W1 + b1) * Controller(x),     SparseFF(x) = Y_sparse W2 + b2.
+    Trax (default, `mask_placement="pre_relu"`):   h = ReLU((x W1 [+ b1]) * m)
+    paper text (`"post_relu"`):                   h = ReLU(x W1 + b1) * m
+    SparseFF(x) = h W2 + b2.
 
-Training uses Gumbel noise (times `temperature`) and, with probability `quant_prob` per call,
-the hard one-hot mask with a straight-through estimator, otherwise the soft softmax mask.
-Evaluation uses the argmax. Decoding (`decode`) reads only the chosen column of W1 and row of
-W2 per block: `2 d_model d_ff / N` multiply-adds instead of `2 d_model d_ff`.
+The two agree in value for every mask here (m >= 0); they differ in the straight-through
+gradient: before the ReLU, a unit the hard mask zeroes passes no gradient to its mask entry.
+Trax has no `b1` (`up_bias=False`, the default); the paper has one (`up_bias=True`).
+
+Training: the hard choice per block is `argmax(logits + temperature * Gumbel)`; with
+probability `quant_prob` per call the mask is that one-hot with a straight-through estimator
+(forward one-hot, backward the soft mask), otherwise the soft mask itself. The soft mask is
+`softmax(logits)` of the clean logits in Trax (`soft_mask="clean"`, default), or
+`softmax(logits + temperature * Gumbel)` with the same noise (`"noisy"`, this library's
+earlier form). Evaluation uses `argmax(logits)`. Decoding (`decode`) reads only the chosen
+column of W1 and row of W2 per block: `2 d_model d_ff / N` multiply-adds instead of
+`2 d_model d_ff`.
+
+Controller init: Glorot-uniform C1 `[d_model, d_lowrank]` and C2 `[d_lowrank, d_ff]` as Trax
+(`controller_init="glorot"`), or N(0, 1/fan_in) (`"normal"`); its bias `c` starts at zero
+(Trax: N(0, 1e-6^2)). W1 and W2 keep the depth-scaled init of our dense FF (Trax: Glorot).
 """
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from sparse_jax import validation
 from sparse_jax.layers import initializers
 from sparse_jax.layers.feed_forward import FeedForward
+
+SOFT_MASKS = ("clean", "noisy")
+CONTROLLER_INITS = ("glorot", "normal")
+MASK_PLACEMENTS = ("pre_relu", "post_relu")
 
 
 def straight_through(hard: jax.Array, soft: jax.Array) -> jax.Array:
@@ -24,72 +44,125 @@ def straight_through(hard: jax.Array, soft: jax.Array) -> jax.Array:
   return hard + soft - jax.lax.stop_gradient(soft)
 
 
+def block_mask(logits: jax.Array, gumbel: jax.Array, use_hard: jax.Array, *,
+               temperature: float, soft_mask: str) -> jax.Array:
+  """The training mask `[..., blocks, N]` from controller `logits` and Gumbel noise.
+
+  The hard choice is `argmax(logits + temperature * gumbel)` (Trax); the soft mask is
+  `softmax(logits)` ("clean", Trax) or `softmax(logits + temperature * gumbel)` ("noisy").
+  `use_hard` (a boolean scalar) picks the straight-through one-hot over the soft mask.
+  """
+  noisy = logits + temperature * gumbel
+  soft = jax.nn.softmax(noisy if soft_mask == "noisy" else logits, axis=-1)
+  hard = jax.nn.one_hot(jnp.argmax(noisy, -1), logits.shape[-1], dtype=soft.dtype)
+  return jnp.where(use_hard, straight_through(hard, soft), soft)
+
+
 class SparseFF(FeedForward):
   """FF contract `y, aux = ff(x)`; `decode(x)` is the sparse inference path."""
 
   has_sparse_decode = True
+  SOFT_MASKS, CONTROLLER_INITS, MASK_PLACEMENTS = SOFT_MASKS, CONTROLLER_INITS, MASK_PLACEMENTS
 
   def __init__(self, d_model: int, d_ff: int, block_size: int, d_lowrank: int, *,
                n_layers: int = 1, temperature: float = 0.1, quant_prob: float = 0.3,
-               rngs: nnx.Rngs):
+               soft_mask: str = "clean", controller_init: str = "glorot",
+               up_bias: bool = False, mask_placement: str = "pre_relu", rngs: nnx.Rngs):
     if d_ff % block_size:
       raise ValueError(f"d_ff={d_ff} must be divisible by block_size={block_size}.")
+    validation.require_choice(soft_mask, "soft_mask", SOFT_MASKS)
+    validation.require_choice(controller_init, "controller_init", CONTROLLER_INITS)
+    validation.require_choice(mask_placement, "mask_placement", MASK_PLACEMENTS)
     self.d_model, self.d_ff, self.block_size, self.d_lowrank = d_model, d_ff, block_size, d_lowrank
-    self.temperature, self.quant_prob = temperature, quant_prob
+    self.temperature, self.quant_prob, self.soft_mask = temperature, quant_prob, soft_mask
+    self.mask_placement = mask_placement
     up = initializers.normal(initializers.depth_scaled_std(d_model, n_layers))
     down = initializers.normal(initializers.depth_scaled_std(d_ff, n_layers))
     # W1 is stored transposed, one row per hidden unit, so that decoding gathers whole
     # contiguous rows of both matrices.
     self.w_keys = nnx.Param(up(rngs.params(), (d_ff, d_model)),  # W1^T
                             logical_axes=("mlp", "embed"))
-    self.b_up = nnx.Param(jnp.zeros((d_ff,)), logical_axes=("mlp",))
+    self.b_up = nnx.Param(jnp.zeros((d_ff,)), logical_axes=("mlp",)) if up_bias else None
     self.w_values = nnx.Param(down(rngs.params(), (d_ff, d_model)),  # W2
                               logical_axes=("mlp", "embed"))
     self.b_down = nnx.Param(jnp.zeros((d_model,)), logical_axes=("embed",))
-    self.c_down = nnx.Param(initializers.normal(d_model ** -0.5)(rngs.params(),
-                                                                 (d_model, d_lowrank)),
-                            logical_axes=("embed", "lowrank"))
-    self.c_up = nnx.Param(initializers.normal(d_lowrank ** -0.5)(rngs.params(),
-                                                                 (d_lowrank, d_ff)),
-                          logical_axes=("lowrank", "mlp"))
+    c_down, c_up = self._controller_weights(controller_init, rngs)
+    self.c_down = nnx.Param(c_down, logical_axes=("embed", "lowrank"))
+    self.c_up = nnx.Param(c_up, logical_axes=("lowrank", "mlp"))
     self.c_bias = nnx.Param(jnp.zeros((d_ff,)), logical_axes=("mlp",))
     self.deterministic = False
     self.rngs = rngs["routing"].fork()
 
+  def _controller_weights(self, init: str, rngs: nnx.Rngs) -> tuple[jax.Array, jax.Array]:
+    """C1 `[d_model, d_lowrank]`, C2 `[d_lowrank, d_ff]`: Glorot-uniform (limit
+    `sqrt(6 / (fan_in + fan_out))`, Trax) or N(0, 1/fan_in)."""
+    shapes = ((self.d_model, self.d_lowrank), (self.d_lowrank, self.d_ff))
+    if init == "glorot":
+      glorot = jax.nn.initializers.glorot_uniform()
+      return tuple(glorot(rngs.params(), shape) for shape in shapes)
+    return tuple(initializers.normal(shape[0] ** -0.5)(rngs.params(), shape)
+                 for shape in shapes)
+
   def controller_logits(self, x: jax.Array) -> jax.Array:
-    """`[..., d_ff / N, N]` block scores `x C1 C2 + c` (no nonlinearity between)."""
+    """`[..., d_ff / N, N]` block scores `x C1 C2 + c`, in float32 at least."""
     logits = (x @ self.c_down[...].astype(x.dtype)) @ self.c_up[...].astype(x.dtype)
-    logits = logits.astype(jnp.float32) + self.c_bias[...]
+    logits = logits.astype(jnp.promote_types(x.dtype, jnp.float32)) + self.c_bias[...]
     return logits.reshape(*x.shape[:-1], self.d_ff // self.block_size, self.block_size)
 
-  def mask(self, x: jax.Array) -> jax.Array:
-    """`[..., d_ff]`: one-hot per block in eval; Gumbel soft / straight-through in training."""
+  def mask(self, x: jax.Array, gumbel: jax.Array | None = None,
+           use_hard: jax.Array | None = None) -> jax.Array:
+    """`[..., d_ff]`: one-hot per block in eval; `block_mask` in training.
+
+    The Gumbel noise `[..., d_ff / N, N]` and the hard/soft draw are taken from the layer's
+    `routing` stream unless given (tests inject them).
+    """
     logits = self.controller_logits(x)
     if self.deterministic:
       hard = jax.nn.one_hot(jnp.argmax(logits, -1), self.block_size, dtype=jnp.float32)
       return hard.reshape(*x.shape[:-1], self.d_ff)
-    gumbel_key, quant_key = jax.random.split(self.rngs())
-    noisy = logits + self.temperature * jax.random.gumbel(gumbel_key, logits.shape)
-    soft = jax.nn.softmax(noisy, axis=-1)
-    hard = jax.nn.one_hot(jnp.argmax(noisy, -1), self.block_size, dtype=soft.dtype)
-    use_hard = jax.random.bernoulli(quant_key, self.quant_prob)
-    mask = jnp.where(use_hard, straight_through(hard, soft), soft)
+    if gumbel is None or use_hard is None:
+      gumbel_key, quant_key = jax.random.split(self.rngs())
+      gumbel = jax.random.gumbel(gumbel_key, logits.shape) if gumbel is None else gumbel
+      use_hard = jax.random.bernoulli(quant_key, self.quant_prob) if use_hard is None else use_hard
+    mask = block_mask(logits, gumbel, use_hard, temperature=self.temperature,
+                      soft_mask=self.soft_mask)
     return mask.reshape(*x.shape[:-1], self.d_ff)
 
-  def __call__(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
-    dtype = x.dtype
-    h = jax.nn.relu(x @ self.w_keys[...].T.astype(dtype) + self.b_up[...].astype(dtype))
-    h = h * self.mask(x).astype(dtype)
-    y = h @ self.w_values[...].astype(dtype) + self.b_down[...].astype(dtype)
+  def up(self, x: jax.Array) -> jax.Array:
+    """`x W1 (+ b1)`, `[..., d_ff]`, before the mask and the ReLU."""
+    pre = x @ self.w_keys[...].T.astype(x.dtype)
+    return pre if self.b_up is None else pre + self.b_up[...].astype(x.dtype)
+
+  def masked_hidden(self, pre: jax.Array, mask: jax.Array) -> jax.Array:
+    """`ReLU(pre * mask)` (Trax) or `ReLU(pre) * mask` (paper), `[..., d_ff]`."""
+    mask = mask.astype(pre.dtype)
+    if self.mask_placement == "pre_relu":
+      return jax.nn.relu(pre * mask)
+    return jax.nn.relu(pre) * mask
+
+  def down(self, h: jax.Array) -> jax.Array:
+    """`h W2 + b2`, `[..., d_model]`."""
+    return h @ self.w_values[...].astype(h.dtype) + self.b_down[...].astype(h.dtype)
+
+  def __call__(self, x: jax.Array, *, gumbel: jax.Array | None = None,
+               use_hard: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """`[..., d_model] -> [..., d_model]`, all `d_ff` units computed then masked (training
+    and evaluation); `gumbel`, `use_hard` as in `mask`."""
+    y = self.down(self.masked_hidden(self.up(x), self.mask(x, gumbel, use_hard)))
     return y, {"reg_loss": jnp.zeros((), jnp.float32)}
 
   def decode(self, x: jax.Array) -> jax.Array:
-    """Eval output reading only the chosen unit's W1 column and W2 row in every block."""
+    """Eval output reading only the chosen unit's W1 column and W2 row in every block.
+
+    The chosen unit's mask value is 1, so both placements give `ReLU(x W1[:, u] (+ b1[u]))`.
+    """
     dtype = x.dtype
     choice = jnp.argmax(self.controller_logits(x), axis=-1)  # [..., blocks]
     units = jnp.arange(0, self.d_ff, self.block_size) + choice  # [..., blocks]
     keys_kd = jnp.take(self.w_keys[...], units, axis=0).astype(dtype)  # [..., blocks, d]
-    pre = jnp.einsum("...d,...kd->...k", x, keys_kd) + jnp.take(self.b_up[...], units)
+    pre = jnp.einsum("...d,...kd->...k", x, keys_kd)
+    if self.b_up is not None:
+      pre = pre + jnp.take(self.b_up[...], units).astype(dtype)
     values_kd = jnp.take(self.w_values[...], units, axis=0).astype(dtype)  # [..., blocks, d]
     return jnp.einsum("...k,...kd->...d", jax.nn.relu(pre).astype(dtype),
                       values_kd) + self.b_down[...].astype(dtype)

@@ -2,19 +2,26 @@
 
 The dense Q, K, V and output layers are replaced by
 
-    y = mult(x)                                       [B, T, S, M], S = n_heads, M = d_model / S
-    Q = conv_Q(y),  K = conv_K(y),  V = conv_V(y)     [B, T, S, M]: module s is head s
-    out = concat_s softmax(Q_s K_s^T / sqrt(M) + causal mask) V_s     (no output layer)
+    y = mult(x)                                       [B, T, S, M], M = d_model / S
+    Q = conv_Q(y),  K = conv_K(y),  V = conv_V(y)     [B, T, S, M] -> [B, T, d_model]
+                                                      -> [B, T, H, d_model / H] (heads)
+    out = concat_h softmax(Q_h K_h^T / sqrt(d_model / H) + causal mask) V_h   (no output layer)
 
-`mult` is one `MultiplicativeDense` shared by Q, K and V; it can route any input feature to any
-module (the paper's Theorem 1), so each head may read any part of the embedding. Each `conv` is
-a 2-D convolution over the (length, module) "image" with M channels in and M filters out:
-causal along the length (the current and `F_len - 1` previous tokens, zero padded on the left),
-centred along the modules (`F_mod` neighbours, zero padded), plus a bias. Q and K use 3 x 3 and
-V 3 x 1 in the reference.
+`mult` is one `MultiplicativeDense` (with a `[d_model]` bias, as Trax's `FactoredDense`) shared
+by Q, K and V; it can route any input feature to any module (the paper's Theorem 1), so each
+head may read any part of the embedding. Each `conv` is a 2-D convolution over the (length,
+module) "image" with M channels in and M filters out: causal along the length (the current and
+`F_len - 1` previous tokens, zero padded on the left), centred along the modules (`F_mod`
+neighbours, zero padded), plus a bias. Q and K use 3 x 3 and V 3 x 1 as in Trax.
 
-Decoding keeps the keys and values as in dense attention, plus the last `F - 1` outputs of the
-multiplicative layer (F the largest `F_len`): exactly the convolutions' causal window.
+The sparsity S (`n_modules`) defaults to the number of heads H, so that module s is head s.
+Trax allows S != H (its 17B model: 96 heads, S = 64): the convolutions' `[S, M]` outputs are
+flattened to `d_model` and split into H heads of `d_model / H` channels (Trax's
+`MergeLastTwoAxes` then `SplitIntoHeads`), so a head may straddle modules.
+
+Decoding keeps the keys and values `[B, max_len, H, d_model / H]` as in dense attention, plus
+the last `F - 1` outputs `[B, F - 1, S, M]` of the multiplicative layer (F the largest
+`F_len`): exactly the convolutions' causal window (Trax's `_RememberPad`).
 """
 
 import jax
@@ -68,18 +75,28 @@ class CausalModuleConv(nnx.Module):
 
 
 class SparseQKVAttention(nnx.Module):
-  """Multiplicative layer then causal (length, module) convolutions; heads = modules."""
+  """Multiplicative layer then causal (length, module) convolutions into H heads.
 
-  def __init__(self, d_model: int, n_heads: int, *, n_layers: int, attn_dropout: float = 0.0,
+  `n_modules` is S (None: `n_heads`); `mult_init` the multiplicative layer's init
+  (`multiplicative_dense.INITS`: "trax" default, "unit").
+  """
+
+  def __init__(self, d_model: int, n_heads: int, *, n_layers: int,
+               n_modules: int | None = None, attn_dropout: float = 0.0,
                q_kernel: tuple[int, int] = (3, 3), k_kernel: tuple[int, int] = (3, 3),
-               v_kernel: tuple[int, int] = (3, 1), rotary: bool = True, rngs: nnx.Rngs):
-    if d_model % n_heads:
-      raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads} "
-                       "(the number of modules S of the sparse QKV layer).")
-    self.d_model, self.n_modules, self.module_size = d_model, n_heads, d_model // n_heads
-    check_rotary_dim(rotary, self.module_size)
+               v_kernel: tuple[int, int] = (3, 1), rotary: bool = True,
+               mult_init: str = "trax", rngs: nnx.Rngs):
+    n_modules = n_heads if n_modules is None else n_modules
+    for name, value in (("n_heads", n_heads), ("n_modules", n_modules)):
+      if d_model % value:
+        raise ValueError(f"d_model={d_model} must be divisible by {name}={value} "
+                         "(the sparse QKV layer's heads and modules S).")
+    self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+    self.n_modules, self.module_size = n_modules, d_model // n_modules
+    check_rotary_dim(rotary, self.head_dim)
     self.rotary = rotary
-    self.mult = MultiplicativeDense(d_model, d_model, n_heads, rngs=rngs)
+    self.mult = MultiplicativeDense(d_model, d_model, n_modules, use_bias=True,
+                                    init=mult_init, rngs=rngs)
     self.conv_q = CausalModuleConv(self.module_size, q_kernel, n_layers=n_layers, rngs=rngs)
     self.conv_k = CausalModuleConv(self.module_size, k_kernel, n_layers=n_layers, rngs=rngs)
     self.conv_v = CausalModuleConv(self.module_size, v_kernel, n_layers=n_layers, rngs=rngs)
@@ -90,6 +107,10 @@ class SparseQKVAttention(nnx.Module):
     """The shared multiplicative layer, `[B, T, d_model] -> [B, T, S, M]`."""
     return self.mult(x_btd).reshape(*x_btd.shape[:-1], self.n_modules, self.module_size)
 
+  def to_heads(self, y_btsm: jax.Array) -> jax.Array:
+    """`[B, T, S, M] -> [B, T, H, d_model / H]`: flatten to `d_model`, split into heads."""
+    return y_btsm.reshape(*y_btsm.shape[:2], self.n_heads, self.head_dim)
+
   def rotate(self, q_bthc: jax.Array, k_bthc: jax.Array, positions_t: jax.Array):
     if self.rotary:
       return apply_rotary(q_bthc, positions_t), apply_rotary(k_bthc, positions_t)
@@ -99,13 +120,16 @@ class SparseQKVAttention(nnx.Module):
     """Causal self-attention over the sequence, `[B, T, d_model] -> [B, T, d_model]`."""
     b, t, _ = x_btd.shape
     y_btsm = self.module_grid(x_btd)
-    q_bthc, k_bthc = self.rotate(self.conv_q(y_btsm), self.conv_k(y_btsm), jnp.arange(t))
-    out_bthc = attend(q_bthc, k_bthc, self.conv_v(y_btsm), causal_mask(t), self.attn_dropout)
+    q_bthc, k_bthc = self.rotate(self.to_heads(self.conv_q(y_btsm)),
+                                 self.to_heads(self.conv_k(y_btsm)), jnp.arange(t))
+    out_bthc = attend(q_bthc, k_bthc, self.to_heads(self.conv_v(y_btsm)), causal_mask(t),
+                      self.attn_dropout)
     return out_bthc.reshape(b, t, self.d_model)
 
   def init_cache(self, batch: int, max_len: int, dtype) -> dict[str, jax.Array]:
-    """Keys and values `[B, max_len, S, M]` and `mult`, the last `F - 1` layer outputs."""
-    cache = init_kv_cache(batch, max_len, self.n_modules, self.module_size, dtype)
+    """Keys and values `[B, max_len, H, d_model / H]` and `mult`, the last `F - 1` layer
+    outputs `[B, F - 1, S, M]`."""
+    cache = init_kv_cache(batch, max_len, self.n_heads, self.head_dim, dtype)
     window_shape = (batch, self.window, self.n_modules, self.module_size)
     return {**cache, "mult": jnp.zeros(window_shape, dtype)}
 
@@ -118,10 +142,11 @@ class SparseQKVAttention(nnx.Module):
     b = x_b1d.shape[0]
     window_bwsm = jnp.concatenate(
         [cache["mult"].astype(x_b1d.dtype), self.module_grid(x_b1d)], axis=1)
-    q_b1hc, k_b1hc = self.rotate(self.conv_q.last(window_bwsm), self.conv_k.last(window_bwsm),
+    q_b1hc, k_b1hc = self.rotate(self.to_heads(self.conv_q.last(window_bwsm)),
+                                 self.to_heads(self.conv_k.last(window_bwsm)),
                                  jnp.reshape(position, (1,)))
-    out_b1hc, cache = attend_cached(q_b1hc, k_b1hc, self.conv_v.last(window_bwsm), cache,
-                                    position, self.attn_dropout)
+    out_b1hc, cache = attend_cached(q_b1hc, k_b1hc, self.to_heads(self.conv_v.last(window_bwsm)),
+                                    cache, position, self.attn_dropout)
     cache = {**cache, "mult": window_bwsm[:, 1:].astype(cache["mult"].dtype)}
     return out_b1hc.reshape(b, 1, self.d_model), cache
 

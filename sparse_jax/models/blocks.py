@@ -50,8 +50,9 @@ def build_attention(cfg: "LMConfig", rngs: nnx.Rngs) -> nnx.Module:
     return CausalSelfAttention(cfg.d_model, cfg.n_heads, head_dim_of(cfg),
                                n_layers=cfg.n_layers, attn_dropout=dropout, rotary=rotary,
                                rngs=rngs)
-  return SparseQKVAttention(cfg.d_model, cfg.n_heads, n_layers=cfg.n_layers,
-                            attn_dropout=dropout, rotary=rotary, rngs=rngs)
+  return SparseQKVAttention(cfg.d_model, cfg.n_heads, n_modules=cfg.attention_sparsity,
+                            n_layers=cfg.n_layers, attn_dropout=dropout, rotary=rotary,
+                            rngs=rngs)
 
 
 class DecoderBlock(nnx.Module):

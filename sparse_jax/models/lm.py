@@ -67,6 +67,8 @@ class LMConfig(ModelConfig):
   head_dim: schema.PositiveInt | None = None  # None: d_model // n_heads.
   attention: Literal[ATTENTION_KINDS] = "xl"
   positions: Literal[POSITIONS] = "rotary"  # causal and sparse_qkv attention only.
+  # S, the modules of the sparse QKV layer (sparse_qkv attention only); None: n_heads.
+  attention_sparsity: schema.PositiveInt | None = None
   dtype: Literal[tuple(DTYPES)] = "float32"
   tie_embeddings: bool = False
   loss_sparsity: schema.NonNegativeInt = 0  # S of the multiplicative output; 0: dense.
@@ -82,6 +84,13 @@ class LMConfig(ModelConfig):
       validation.require(self.d_model % self.n_heads == 0, f"{path}.d_model",
                          f"divisible by {path}.n_heads={self.n_heads} (or set {path}.head_dim, "
                          "except for sparse_qkv attention)", self.d_model)
+    validation.require(self.attention_sparsity is None or self.attention == "sparse_qkv",
+                       f"{path}.attention_sparsity", "None unless attention is 'sparse_qkv'",
+                       self.attention_sparsity)
+    validation.require(not self.attention_sparsity or self.d_model % self.attention_sparsity == 0,
+                       f"{path}.attention_sparsity",
+                       f"None or a divisor of {path}.d_model={self.d_model}",
+                       self.attention_sparsity)
     validation.require(self.loss_sparsity == 0 or self.vocab_size % self.loss_sparsity == 0,
                        f"{path}.loss_sparsity",
                        f"0 (dense) or a divisor of {path}.vocab_size={self.vocab_size}",
