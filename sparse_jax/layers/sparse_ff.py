@@ -45,17 +45,22 @@ def straight_through(hard: jax.Array, soft: jax.Array) -> jax.Array:
 
 
 def block_mask(logits: jax.Array, gumbel: jax.Array, use_hard: jax.Array, *,
-               temperature: float, soft_mask: str) -> jax.Array:
-  """The training mask `[..., blocks, N]` from controller `logits` and Gumbel noise.
+               temperature: float, soft_mask: str,
+               choice: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+  """The training mask `[..., blocks, N]` and the hard choice `[..., blocks]` (int32).
 
-  The hard choice is `argmax(logits + temperature * gumbel)` (Trax); the soft mask is
-  `softmax(logits)` ("clean", Trax) or `softmax(logits + temperature * gumbel)` ("noisy").
-  `use_hard` (a boolean scalar) picks the straight-through one-hot over the soft mask.
+  The hard choice is `argmax(logits + temperature * gumbel)` (Trax), or `choice` when given
+  (a reversible network replays the forward pass's choice when it recomputes the layer); the
+  soft mask is `softmax(logits)` ("clean", Trax) or `softmax(logits + temperature * gumbel)`
+  ("noisy"). `use_hard` (a boolean scalar) picks the straight-through one-hot over the soft
+  mask.
   """
   noisy = logits + temperature * gumbel
   soft = jax.nn.softmax(noisy if soft_mask == "noisy" else logits, axis=-1)
-  hard = jax.nn.one_hot(jnp.argmax(noisy, -1), logits.shape[-1], dtype=soft.dtype)
-  return jnp.where(use_hard, straight_through(hard, soft), soft)
+  if choice is None:
+    choice = jnp.argmax(noisy, -1).astype(jnp.int32)
+  hard = jax.nn.one_hot(choice, logits.shape[-1], dtype=soft.dtype)
+  return jnp.where(use_hard, straight_through(hard, soft), soft), choice
 
 
 class SparseFF(FeedForward):
@@ -110,23 +115,28 @@ class SparseFF(FeedForward):
     return logits.reshape(*x.shape[:-1], self.d_ff // self.block_size, self.block_size)
 
   def mask(self, x: jax.Array, gumbel: jax.Array | None = None,
-           use_hard: jax.Array | None = None) -> jax.Array:
-    """`[..., d_ff]`: one-hot per block in eval; `block_mask` in training.
+           use_hard: jax.Array | None = None,
+           choice: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """`([..., d_ff] mask, [..., d_ff / N] int32 choice)`: one-hot of `argmax(logits)` per
+    block in eval; `block_mask` in training.
 
     The Gumbel noise `[..., d_ff / N, N]` and the hard/soft draw are taken from the layer's
-    `routing` stream unless given (tests inject them).
+    `routing` stream unless given (tests inject them); `choice`, if given, replaces the
+    argmax (replay, see `block_mask`).
     """
     logits = self.controller_logits(x)
     if self.deterministic:
-      hard = jax.nn.one_hot(jnp.argmax(logits, -1), self.block_size, dtype=jnp.float32)
-      return hard.reshape(*x.shape[:-1], self.d_ff)
+      if choice is None:
+        choice = jnp.argmax(logits, -1).astype(jnp.int32)
+      hard = jax.nn.one_hot(choice, self.block_size, dtype=jnp.float32)
+      return hard.reshape(*x.shape[:-1], self.d_ff), choice
     if gumbel is None or use_hard is None:
       gumbel_key, quant_key = jax.random.split(self.rngs())
       gumbel = jax.random.gumbel(gumbel_key, logits.shape) if gumbel is None else gumbel
       use_hard = jax.random.bernoulli(quant_key, self.quant_prob) if use_hard is None else use_hard
-    mask = block_mask(logits, gumbel, use_hard, temperature=self.temperature,
-                      soft_mask=self.soft_mask)
-    return mask.reshape(*x.shape[:-1], self.d_ff)
+    mask, choice = block_mask(logits, gumbel, use_hard, temperature=self.temperature,
+                              soft_mask=self.soft_mask, choice=choice)
+    return mask.reshape(*x.shape[:-1], self.d_ff), choice
 
   def up(self, x: jax.Array) -> jax.Array:
     """`x W1 (+ b1)`, `[..., d_ff]`, before the mask and the ReLU."""
@@ -148,8 +158,17 @@ class SparseFF(FeedForward):
                use_hard: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """`[..., d_model] -> [..., d_model]`, all `d_ff` units computed then masked (training
     and evaluation); `gumbel`, `use_hard` as in `mask`."""
-    y = self.down(self.masked_hidden(self.up(x), self.mask(x, gumbel, use_hard)))
-    return y, {"reg_loss": jnp.zeros((), jnp.float32)}
+    y, aux, _ = self.replayable(x, gumbel=gumbel, use_hard=use_hard)
+    return y, aux
+
+  def replayable(self, x: jax.Array, choice: jax.Array | None = None, *,
+                 gumbel: jax.Array | None = None, use_hard: jax.Array | None = None):
+    """`(y, aux, choice)`: `__call__` that also returns the hard choice `[..., d_ff / N]`
+    and takes it back as `choice`, so that a reversible network recomputing this layer from
+    reconstructed inputs picks the same units (`sparse_jax.layers.reversible`)."""
+    mask, choice = self.mask(x, gumbel, use_hard, choice)
+    y = self.down(self.masked_hidden(self.up(x), mask))
+    return y, {"reg_loss": jnp.zeros((), jnp.float32)}, choice
 
   def decode(self, x: jax.Array) -> jax.Array:
     """Eval output reading only the chosen unit's W1 column and W2 row in every block.

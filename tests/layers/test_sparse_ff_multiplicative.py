@@ -101,7 +101,7 @@ def test_eval_output_and_sparse_decode_match_numpy_float64(up_bias, placement):
   hard = np.eye(N)[np.argmax(logits, -1)].reshape(*LEAD, D_FF)
   want = np_forward(p, x, hard, placement)
   x32 = jnp.asarray(x, jnp.float32)
-  np.testing.assert_array_equal(ff.mask(x32), hard)
+  np.testing.assert_array_equal(ff.mask(x32)[0], hard)
   np.testing.assert_allclose(ff(x32)[0], want, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(ff.decode(x32), want, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(ff.decode(x32[0, 0]), want[0, 0], rtol=1e-4, atol=1e-5)
@@ -117,8 +117,8 @@ def test_training_masks_match_numpy_with_injected_noise(soft_mask):
   soft, hard = np_soft_and_hard(p, x, gumbel, temperature=2.0, soft_mask=soft_mask)
   assert np.mean(np.argmax(hard, -1) != np.argmax(np_logits(p, x), -1)) > 0.2
   x32, g32 = jnp.asarray(x, jnp.float32), jnp.asarray(gumbel, jnp.float32)
-  got_soft = ff.mask(x32, g32, jnp.asarray(False))
-  got_hard = ff.mask(x32, g32, jnp.asarray(True))
+  got_soft, _ = ff.mask(x32, g32, jnp.asarray(False))
+  got_hard, _ = ff.mask(x32, g32, jnp.asarray(True))
   np.testing.assert_allclose(got_soft, soft.reshape(*LEAD, D_FF), rtol=1e-4, atol=1e-6)
   np.testing.assert_allclose(got_hard, hard.reshape(*LEAD, D_FF), atol=1e-6)
   other = np_soft_and_hard(p, x, gumbel, temperature=2.0,
@@ -181,6 +181,28 @@ def test_hard_mask_gradients_are_the_straight_through_estimator(placement):
   assert np.abs(other["c_bias"] - want["c_bias"]).max() > 1e-2  # the placements differ
 
 
+@pytest.mark.parametrize("training", [True, False])
+def test_replayed_choice_fixes_the_hard_units(training):
+  """`replayable` returns the hard choice (the noisy argmax in training, the clean argmax in
+  eval) and, given a different one back, uses it: the output is then the numpy forward with
+  the replayed one-hot, whatever the noise says (a reversible network's recomputation)."""
+  ff = make_sparse_ff()
+  if not training:
+    ff.eval()
+  p = numpy_params(ff)
+  x, gumbel = random_inputs(7)
+  x32, g32 = jnp.asarray(x, jnp.float32), jnp.asarray(gumbel, jnp.float32)
+  noisy = np_logits(p, x) + (0.1 * gumbel if training else 0.0)
+  _, _, choice = ff.replayable(x32, gumbel=g32, use_hard=jnp.asarray(True))
+  np.testing.assert_array_equal(choice, np.argmax(noisy, -1))
+  replay = (np.asarray(choice) + 1 + np.arange(BLOCKS) % (N - 1)) % N  # every block moved
+  y, _, echoed = ff.replayable(x32, jnp.asarray(replay, jnp.int32), gumbel=g32,
+                               use_hard=jnp.asarray(True))
+  np.testing.assert_array_equal(echoed, replay)
+  want = np_forward(p, x, np.eye(N)[replay].reshape(*LEAD, D_FF), "pre_relu")
+  np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
+
+
 def test_straight_through_gradient_is_the_soft_gradient():
   logits = jax.random.normal(jax.random.key(2), (4, N))
   cotangent = jax.random.normal(jax.random.key(3), (4, N))
@@ -201,11 +223,11 @@ def test_drawn_masks_are_hard_with_quant_prob_one_and_clean_softmax_with_zero():
   """The layer's own draws: quant_prob 1 gives one-hots, 0 the softmax of the clean logits."""
   x = np.random.default_rng(4).normal(size=(6, D))
   x32 = jnp.asarray(x, jnp.float32)
-  hard = np.asarray(make_sparse_ff(quant_prob=1.0).mask(x32)).reshape(6, BLOCKS, N)
+  hard = np.asarray(make_sparse_ff(quant_prob=1.0).mask(x32)[0]).reshape(6, BLOCKS, N)
   np.testing.assert_allclose(hard.sum(-1), 1.0, rtol=1e-6)
   assert np.all(np.isin(np.round(hard, 5), [0.0, 1.0]))
   ff = make_sparse_ff(quant_prob=0.0)
-  soft = np.asarray(ff.mask(x32)).reshape(6, BLOCKS, N)
+  soft = np.asarray(ff.mask(x32)[0]).reshape(6, BLOCKS, N)
   np.testing.assert_allclose(soft, np_softmax(np_logits(numpy_params(ff), x)), rtol=1e-4,
                              atol=1e-6)
 
