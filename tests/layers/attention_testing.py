@@ -31,3 +31,20 @@ def naive_rotary(x_c: np.ndarray, position: int) -> np.ndarray:
     out[j] = x_c[j] * np.cos(theta) - x_c[j + half] * np.sin(theta)
     out[j + half] = x_c[j + half] * np.cos(theta) + x_c[j] * np.sin(theta)
   return out
+
+
+def naive_conv(y_tsm: np.ndarray, kernel: np.ndarray, bias: np.ndarray) -> np.ndarray:
+  """Explicit loop over the kernel taps: tap a reads token `t - (F_len-1) + a`, tap b reads
+  module `s - (F_mod-1)//2 + b`; taps outside the sequence or the modules read zeros."""
+  f_len, f_mod = kernel.shape[:2]
+  n_t, n_s, _ = y_tsm.shape
+  out = np.zeros_like(y_tsm)
+  for t in range(n_t):
+    for s in range(n_s):
+      out[t, s] = bias
+      for a in range(f_len):
+        for b in range(f_mod):
+          tt, ss = t - (f_len - 1) + a, s - (f_mod - 1) // 2 + b
+          if tt >= 0 and 0 <= ss < n_s:
+            out[t, s] += y_tsm[tt, ss] @ kernel[a, b]
+  return out

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attention_testing import decode_all, naive_rotary
+from attention_testing import decode_all, naive_conv, naive_rotary
 from float64_testing import numpy_params
 from sparse_jax.layers.counting import count_params
 from sparse_jax.layers.sparse_qkv_attention import SparseQKVAttention
@@ -23,23 +23,6 @@ D, T, B = 12, 6, 2
 REFERENCE_KERNELS = {"q_kernel": (3, 3), "k_kernel": (3, 3), "v_kernel": (3, 1)}
 # Even module kernel (padding 0 before, 1 after), length-1 kernel, and a longest F_len of 4.
 ODD_KERNELS = {"q_kernel": (2, 2), "k_kernel": (1, 3), "v_kernel": (4, 1)}
-
-
-def naive_conv(y_tsm: np.ndarray, kernel: np.ndarray, bias: np.ndarray) -> np.ndarray:
-  """Explicit loop over the kernel taps: tap a reads token `t - (F_len-1) + a`, tap b reads
-  module `s - (F_mod-1)//2 + b`; taps outside the sequence or the modules read zeros."""
-  f_len, f_mod = kernel.shape[:2]
-  n_t, n_s, _ = y_tsm.shape
-  out = np.zeros_like(y_tsm)
-  for t in range(n_t):
-    for s in range(n_s):
-      out[t, s] = bias
-      for a in range(f_len):
-        for b in range(f_mod):
-          tt, ss = t - (f_len - 1) + a, s - (f_mod - 1) // 2 + b
-          if tt >= 0 and 0 <= ss < n_s:
-            out[t, s] += y_tsm[tt, ss] @ kernel[a, b]
-  return out
 
 
 def naive_sparse_qkv(p: dict, x_td: np.ndarray, n_heads: int, rotary: bool) -> np.ndarray:
