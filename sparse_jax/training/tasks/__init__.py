@@ -1,8 +1,9 @@
 """The tasks the engine trains, each thin: what a config's sections select.
 
-A config with a `task` section fine-tunes a classifier (`ClassificationTask`); any other is
-language modelling (`LanguageModelTask`). A new kind of task (sequence-to-sequence) is a new
-module here and one line in `task_for`.
+A config with a `task` section fine-tunes a classifier (`ClassificationTask`), one whose
+`model.kind` is "terraformer" trains sequence to sequence (`Seq2SeqTask`); any other is
+language modelling (`LanguageModelTask`). A new kind of task is a new module here and one line
+in `task_class`.
 """
 
 import ml_collections
@@ -11,11 +12,18 @@ from sparse_jax import schema
 from sparse_jax.training.task import Task
 from sparse_jax.training.tasks.classification import ClassificationTask
 from sparse_jax.training.tasks.lm import LanguageModelTask
+from sparse_jax.training.tasks.seq2seq import Seq2SeqTask
 
 
 def task_class(config: ml_collections.ConfigDict) -> type[Task]:
-  """Classification for a config with a `task` section, else language modelling."""
-  return ClassificationTask if "task" in config else LanguageModelTask
+  """Classification for a config with a `task` section, sequence to sequence for a
+  Terraformer `model`, else language modelling."""
+  if "task" in config:
+    return ClassificationTask
+  model = config.get("model")
+  if model is not None and model.get("kind") == "terraformer":
+    return Seq2SeqTask
+  return LanguageModelTask
 
 
 def validate_config(config: ml_collections.ConfigDict) -> schema.Schema:
@@ -29,5 +37,5 @@ def task_for(config: ml_collections.ConfigDict) -> Task:
   return task_class(config)(config)
 
 
-__all__ = ["ClassificationTask", "LanguageModelTask", "Task", "task_class", "task_for",
-           "validate_config"]
+__all__ = ["ClassificationTask", "LanguageModelTask", "Seq2SeqTask", "Task", "task_class",
+           "task_for", "validate_config"]

@@ -1,0 +1,60 @@
+"""Length generalisation (Scaling Transformers Table 4): copy or add, train on up to 128 digits.
+
+    python train.py --config=configs/terraformer_arithmetic.py:copy --workdir=runs/copy
+    python train.py --config=configs/terraformer_arithmetic.py:add,transformer
+    python eval.py --workdir=runs/copy --split=test          # 256-300 digits
+
+The config string is the task (`copy` or `add`), optionally followed by `,transformer`: the
+same encoder-decoder without Terraformer's parts (dense attention, dense FF, no SRU branch,
+not reversible), the paper's comparison. Sizes are small enough for a 2-core CPU
+(`benchmarks/length_generalization.py` runs all four); the Terraformer's LSH uses chunks of
+32 with 16 buckets, its FF is sparse (blocks of 16) with the 32-unit SRU branch.
+"""
+
+import ml_collections
+
+TASKS = ("copy", "add")
+
+
+def parse(config_string: str | None) -> tuple[str, bool]:
+  """`"add,transformer"` -> `("add", True)`; empty -> `("copy", False)`."""
+  parts = [p for p in (config_string or "copy").split(",") if p]
+  if not parts or parts[0] not in TASKS or parts[1:] not in ([], ["transformer"]):
+    raise ValueError(f"config string {config_string!r}: expected one of {TASKS}, optionally "
+                     "followed by ',transformer'.")
+  return parts[0], parts[1:] == ["transformer"]
+
+
+def model_config(transformer: bool) -> ml_collections.ConfigDict:
+  """A 2+2-layer d_model 128 Terraformer, or the Transformer of the same size."""
+  model = ml_collections.ConfigDict({
+      "kind": "terraformer", "vocab_size": 16, "d_model": 128, "n_heads": 4,
+      "n_encoder_layers": 2, "n_decoder_layers": 2, "n_decoder_attention_layers": 2,
+      "dropout": 0.0, "attn_dropout": 0.0,
+      "ff": {"kind": "sparse_ff", "d_ff": 512, "block_size": 16, "d_lowrank": 32},
+      "sru_units": 32, "encoder_attention": "lsh", "decoder_attention": "lsh",
+      "decoder_qkv": "dense", "lsh": {"n_hashes": 2, "n_buckets": 16, "chunk_len": 32},
+      "loss_sparsity": 0, "reversible": True})
+  if transformer:
+    model.update(ff=ml_collections.ConfigDict({"kind": "dense", "d_ff": 512}), sru_units=0,
+                 encoder_attention="dense", decoder_attention="dense", reversible=False)
+  return model
+
+
+def get_config(config_string: str | None = None) -> ml_collections.ConfigDict:
+  task, transformer = parse(config_string)
+  config = ml_collections.ConfigDict()
+  config.seed = 0
+  config.data = ml_collections.ConfigDict({
+      "name": "arithmetic", "task": task, "batch_size": 16, "train_min_len": 2,
+      "train_max_len": 128, "test_min_len": 256, "test_max_len": 300, "n_train": 1_000_000,
+      "n_eval": 256, "seed": 0})
+  config.model = model_config(transformer)
+  config.train = ml_collections.ConfigDict({
+      "steps": 2000, "lr": 1e-3, "schedule": "cosine", "grad_clip": 1.0, "log_every": 50,
+      "eval_every": 1000, "ckpt_every": 500, "keep_checkpoints": 2})
+  config.train.warmup_steps = config.train.get_ref("steps") // 10
+  config.eval = ml_collections.ConfigDict({"batch_size": 16, "max_batches": 4,
+                                           "max_examples": 32})
+  config.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "expert": 1})
+  return config

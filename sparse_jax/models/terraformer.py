@@ -1,0 +1,256 @@
+"""Terraformer: the sparse, reversible encoder-decoder of Scaling Transformers (Sec. 4).
+
+As Trax 1.4 `ConfigurableTerraformer` builds it (REFERENCE.md 2c):
+
+    e = Encoder(Embed(inputs) + pos)               reversible blocks [attn, FF], then
+                                                   LN(Dense((e1 + e2) / 2))
+    h = [e without its padding; Embed(shift_right(targets)) + pos; padding]     (concat)
+    h1, h2 = Decoder(h, h)                         reversible blocks [attn, attn, FF],
+                                                   causal over the whole concatenation
+    logits = Out(strip(LN((h1 + h2) / 2)))         the decoder positions only
+
+Encoder-decoder attention is replaced by the concatenation: every decoder position sees the
+encoder's output through causal self-attention (Sec. 4). Attention is LSH (Sec. 4.1) or dense
+(`model.encoder_attention`, `model.decoder_attention`; dense decoder attention may use sparse
+QKV, `model.decoder_qkv`), the FF is dense or sparse (`model.ff`, Sec. 3.1) with the low-rank
+SRU branch beside it (`model.sru_units`, Sec. 4.3), the output is dense or multiplicative
+(`model.loss_sparsity`, Sec. 3.3). With `model.reversible` the backward pass recomputes each
+block from its outputs (Sec. 4.2, `layers.reversible`); `False` stores activations as usual
+(the same function: a baseline and a check). Token 0 is padding; positions are sinusoidal.
+
+Training: `logits, aux = model(inputs_bs, targets_bt)`. Decoding (`greedy_decode`) runs one
+concatenated position at a time through the decoder's caches: the encoder's outputs first,
+then the generated tokens.
+"""
+
+import dataclasses
+import math
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from sparse_jax import schema, validation
+from sparse_jax.layers import initializers
+from sparse_jax.layers.multiplicative_dense import MultiplicativeDense
+from sparse_jax.layers.normalization import layer_norm
+from sparse_jax.layers.registry import FFConfig
+from sparse_jax.layers.reversible import pure_half_residual, reversible_stack, sequential_stack
+from sparse_jax.layers.xl_attention import sinusoid_embedding
+from sparse_jax.models.terraformer_blocks import AttentionHalf, FeedForwardHalf
+
+PAD = 0
+ATTENTIONS = ("lsh", "dense")
+QKV_KINDS = ("dense", "sparse")
+REVERSIBLE_FF_KINDS = ("dense", "sparse_ff")  # No routing choices the replay cannot cover.
+
+_schema = dataclasses.dataclass(frozen=True, kw_only=True)
+
+
+@_schema
+class LSHConfig(schema.Schema):
+  """`model.lsh`: LSH attention's hashing (Sec. 4.1; the paper's summarisation setting)."""
+
+  n_hashes: schema.PositiveInt = 2
+  n_buckets: schema.PositiveInt = 128
+  chunk_len: schema.PositiveInt = 128
+
+  def check(self, path: str) -> None:
+    validation.require(self.n_buckets % 2 == 0, f"{path}.n_buckets", "an even integer",
+                       self.n_buckets)
+
+
+@_schema
+class TerraformerConfig(schema.Schema):
+  """The `model` section of a Terraformer (module docstring)."""
+
+  kind: Literal["terraformer"] = "terraformer"
+  vocab_size: schema.PositiveInt
+  d_model: schema.PositiveInt
+  n_heads: schema.PositiveInt
+  n_encoder_layers: schema.PositiveInt
+  n_decoder_layers: schema.PositiveInt
+  n_decoder_attention_layers: schema.PositiveInt = 2  # Attention half-residuals per block.
+  dropout: schema.Probability = 0.1
+  attn_dropout: schema.Probability = 0.0
+  ff: FFConfig
+  sru_units: schema.NonNegativeInt = 32  # 0: no SRU branch.
+  encoder_attention: Literal[ATTENTIONS] = "lsh"
+  decoder_attention: Literal[ATTENTIONS] = "lsh"
+  decoder_qkv: Literal[QKV_KINDS] = "dense"
+  attention_sparsity: schema.PositiveInt | None = None  # S of sparse QKV; None: n_heads.
+  lsh: LSHConfig
+  loss_sparsity: schema.NonNegativeInt = 0  # S of the multiplicative output; 0: dense.
+  reversible: bool = True
+  layer_norm_eps: schema.PositiveFloat = 1e-6
+
+  def check(self, path: str) -> None:
+    self.ff.check_width(self.d_model)
+    validation.require(self.ff.kind in REVERSIBLE_FF_KINDS, f"{path}.ff.kind",
+                       f"one of {REVERSIBLE_FF_KINDS} (choices a reversible block can replay)",
+                       self.ff.kind)
+    validation.require(self.d_model % self.n_heads == 0, f"{path}.d_model",
+                       f"divisible by {path}.n_heads={self.n_heads}", self.d_model)
+    validation.require(self.attention_sparsity is None or self.decoder_qkv == "sparse",
+                       f"{path}.attention_sparsity", "None unless decoder_qkv is 'sparse'",
+                       self.attention_sparsity)
+    validation.require(not self.attention_sparsity or self.d_model % self.attention_sparsity == 0,
+                       f"{path}.attention_sparsity", f"a divisor of {path}.d_model={self.d_model}",
+                       self.attention_sparsity)
+    validation.require(self.loss_sparsity == 0 or self.vocab_size % self.loss_sparsity == 0,
+                       f"{path}.loss_sparsity",
+                       f"0 (dense) or a divisor of {path}.vocab_size={self.vocab_size}",
+                       self.loss_sparsity)
+
+
+def shift_right(targets_bt: jax.Array) -> jax.Array:
+  """Decoder inputs: PAD (the start token) then the targets but the last."""
+  return jnp.pad(targets_bt, ((0, 0), (1, 0)), constant_values=PAD)[:, :-1]
+
+
+def concat_index(n_valid_b: jax.Array, s: int, t: int) -> jax.Array:
+  """`[B, S + T]` rows of `[enc (S); dec (T); zero]` making each row `[enc[:n]; dec; pad]`.
+
+  Trax's `ConcatWithPadding`: the encoder's padding is removed, the decoder follows its last
+  real token, and the rest is padding (row S + T, a zero vector), which causal attention and
+  the SRU never look back at.
+  """
+  p = jnp.arange(s + t)[None, :]
+  n = n_valid_b[:, None]
+  return jnp.where(p < n, p, jnp.where(p < n + t, s + p - n, s + t))
+
+
+def concat_with_padding(enc_bsd: jax.Array, n_valid_b: jax.Array, dec_btd: jax.Array):
+  """`[B, S + T, d]`: each row's real encoder outputs, then its decoder inputs, then zeros."""
+  b, s, d = enc_bsd.shape
+  t = dec_btd.shape[1]
+  rows = jnp.concatenate([enc_bsd, dec_btd.astype(enc_bsd.dtype),
+                          jnp.zeros((b, 1, d), enc_bsd.dtype)], axis=1)
+  return jnp.take_along_axis(rows, concat_index(n_valid_b, s, t)[..., None], axis=1)
+
+
+def strip_decoder(h_bld: jax.Array, n_valid_b: jax.Array, t: int) -> jax.Array:
+  """`[B, T, d]`: the decoder's positions `n_b .. n_b + T - 1` of each concatenated row."""
+  index_bt = n_valid_b[:, None] + jnp.arange(t)[None, :]
+  return jnp.take_along_axis(h_bld, index_bt[..., None], axis=1)
+
+
+class Terraformer(nnx.Module):
+  """The encoder-decoder of the module docstring; `logits, aux = model(inputs, targets)`."""
+
+  def __init__(self, cfg, *, rngs: nnx.Rngs):
+    cfg = TerraformerConfig.parse(cfg, "model")
+    self.d_model, self.vocab_size, self.reversible = cfg.d_model, cfg.vocab_size, cfg.reversible
+    depth = cfg.n_encoder_layers + cfg.n_decoder_layers
+    self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model,
+                           embedding_init=jax.nn.initializers.normal(1.0),
+                           embedding_metadata={"logical_axes": ("vocab", "embed")}, rngs=rngs)
+    self.embed_dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
+    self.encoder = nnx.List([
+        half for _ in range(cfg.n_encoder_layers)
+        for half in (AttentionHalf(cfg, causal=False, n_layers=depth, rngs=rngs),
+                     FeedForwardHalf(cfg, n_layers=depth, rngs=rngs))])
+    self.encoder_out = nnx.Linear(
+        cfg.d_model, cfg.d_model,
+        kernel_init=initializers.normal(1.0 / math.sqrt(cfg.d_model)),
+        kernel_metadata={"logical_axes": ("embed", "embed")},
+        bias_metadata={"logical_axes": ("embed",)}, rngs=rngs)
+    self.encoder_norm = layer_norm(cfg.d_model, epsilon=cfg.layer_norm_eps, rngs=rngs)
+    self.decoder = nnx.List([
+        half for _ in range(cfg.n_decoder_layers)
+        for half in ([AttentionHalf(cfg, causal=True, n_layers=depth, rngs=rngs)
+                      for _ in range(cfg.n_decoder_attention_layers)]
+                     + [FeedForwardHalf(cfg, n_layers=depth, rngs=rngs)])])
+    self.final_norm = layer_norm(cfg.d_model, epsilon=cfg.layer_norm_eps, rngs=rngs)
+    if cfg.loss_sparsity:
+      self.sparse_out = MultiplicativeDense(cfg.d_model, cfg.vocab_size, cfg.loss_sparsity,
+                                            out_axes=("vocab", "vocab"), rngs=rngs)
+      self.w_out = None
+    else:
+      self.sparse_out = None
+      self.w_out = nnx.Param(initializers.normal(1.0 / math.sqrt(cfg.d_model))(
+          rngs.params(), (cfg.d_model, cfg.vocab_size)), logical_axes=("embed", "vocab"))
+    self.b_out = nnx.Param(jnp.zeros((cfg.vocab_size,)), logical_axes=("vocab",))
+    self.stack_rngs = rngs["dropout"].fork()
+
+  def _embed(self, tokens_bt: jax.Array, positions_t: jax.Array) -> jax.Array:
+    """Token embeddings plus sinusoidal positions (Trax `fixed-base`), then dropout."""
+    h_btd = self.embed(tokens_bt) + sinusoid_embedding(positions_t, self.d_model)
+    return self.embed_dropout(h_btd)
+
+  def _stack(self, halves, x_btd: jax.Array, valid_bt: jax.Array | None):
+    """Both streams start at `x`; returns `((y1 + y2) / 2, summed FF regularisers)`."""
+    fns, params = zip(*(pure_half_residual(half) for half in halves))
+    run = reversible_stack if self.reversible else sequential_stack
+    y1, y2, loss = run(fns, list(params), x_btd, x_btd, self.stack_rngs(), valid_bt)
+    return (y1 + y2) / 2, loss
+
+  def encode(self, inputs_bs: jax.Array):
+    """`(encoder output [B, S, d], n_valid [B], regulariser)`; token 0 is padding."""
+    valid_bs = inputs_bs != PAD
+    x_bsd = self._embed(inputs_bs, jnp.arange(inputs_bs.shape[1]))
+    h_bsd, loss = self._stack(self.encoder, x_bsd, valid_bs)
+    enc_bsd = self.encoder_norm(self.encoder_out(h_bsd))
+    return enc_bsd, jnp.sum(valid_bs, axis=1, dtype=jnp.int32), loss
+
+  def logits(self, h_btd: jax.Array) -> jax.Array:
+    """The output layer in float32: dense, or multiplicative (`loss_sparsity`)."""
+    h_btd = h_btd.astype(jnp.float32)
+    if self.sparse_out is not None:
+      return self.sparse_out(h_btd) + self.b_out[...]
+    return h_btd @ self.w_out[...] + self.b_out[...]
+
+  def __call__(self, inputs_bs: jax.Array, targets_bt: jax.Array):
+    """`(logits [B, T, V], {"reg_loss"})`: teacher-forced prediction of `targets`."""
+    enc_bsd, n_valid_b, enc_loss = self.encode(inputs_bs)
+    t = targets_bt.shape[1]
+    dec_btd = self._embed(shift_right(targets_bt), jnp.arange(t))
+    h_bld, dec_loss = self._stack(self.decoder,
+                                  concat_with_padding(enc_bsd, n_valid_b, dec_btd), None)
+    h_btd = strip_decoder(self.final_norm(h_bld), n_valid_b, t)
+    return self.logits(h_btd), {"reg_loss": enc_loss + dec_loss}
+
+  def init_decoder_cache(self, batch: int, max_len: int) -> list:
+    """One cache per decoder sublayer for `max_len` concatenated positions."""
+    return [half.init_cache(batch, max_len, jnp.float32) for half in self.decoder]
+
+  def decode_position(self, x_b1d: jax.Array, caches: list, position: jax.Array):
+    """`(logits [B, 1, V], caches)` of the concatenated sequence's position `position`, whose
+    input vector is `x_b1d`: the decoder's sublayers one token at a time (no reversal)."""
+    x1_b1d = x2_b1d = x_b1d
+    new_caches = []
+    for half, cache in zip(self.decoder, caches):
+      y_b1d, cache = half.decode(x2_b1d, cache, position)
+      x1_b1d, x2_b1d = x2_b1d, x1_b1d + y_b1d
+      new_caches.append(cache)
+    return self.logits(self.final_norm((x1_b1d + x2_b1d) / 2)), new_caches
+
+  def greedy_decode(self, inputs_bs: jax.Array, max_target_len: int) -> jax.Array:
+    """Greedy answers `[B, max_target_len]` (int32; call in eval mode).
+
+    Position p of the concatenation is fed the encoder's output while `p < n_b` and the
+    previous answer token (PAD at the start) after it, so every row advances one position
+    per step although rows' encoder lengths differ; position `n_b + j` predicts token j.
+    """
+    enc_bsd, n_valid_b, _ = self.encode(inputs_bs)
+    b, s, _ = enc_bsd.shape
+    caches = self.init_decoder_cache(b, s + max_target_len)
+
+    def step(carry, p):
+      caches, prev_b, out_bt = carry
+      j_b = p - n_valid_b  # The decoder index at this position; < 0 inside the encoder.
+      dec_bd = self.embed(prev_b) + sinusoid_embedding(jnp.maximum(j_b, 0), self.d_model)
+      enc_bd = jax.lax.dynamic_index_in_dim(enc_bsd, jnp.minimum(p, s - 1), 1, keepdims=False)
+      x_bd = jnp.where((p < n_valid_b)[:, None], enc_bd, dec_bd.astype(enc_bd.dtype))
+      logits_b1v, caches = self.decode_position(x_bd[:, None], caches, p)
+      next_b = jnp.argmax(logits_b1v[:, 0], axis=-1).astype(jnp.int32)
+      writing_b = (j_b >= 0) & (j_b < max_target_len)
+      out_bt = jnp.where(writing_b[:, None] & (jnp.arange(max_target_len) == j_b[:, None]),
+                         next_b[:, None], out_bt)
+      prev_b = jnp.where(j_b >= 0, next_b, PAD)
+      return (caches, prev_b, out_bt), None
+
+    init = (caches, jnp.full((b,), PAD, jnp.int32), jnp.full((b, max_target_len), PAD, jnp.int32))
+    (_, _, out_bt), _ = jax.lax.scan(step, init, jnp.arange(s + max_target_len))
+    return out_bt

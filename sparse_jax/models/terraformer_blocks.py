@@ -1,0 +1,135 @@
+"""Terraformer's half-residual sublayers (Scaling Transformers Sec. 4; Trax 1.4
+`reformer.DecoderBlock` / `EncoderBlock` and `configurable_transformer.FeedForwardWithOptions`).
+
+A reversible block adds each sublayer's output to one stream and swaps the streams
+(`sparse_jax.layers.reversible`); the sublayers here are what is added:
+
+- `AttentionHalf`: `Dropout(Attn(LN x))`, the attention being LSH (`layers.lsh_attention`),
+  or dense: causal (dense or sparse QKV) in the decoder, bidirectional in the encoder;
+- `FeedForwardHalf`: `Dropout(FF(LN x)) + Dense_d(SRU(Dense_r(LN' x)))`: the FF (dense or
+  sparse, `model.ff`) plus Terraformer's low-rank SRU branch with its own LayerNorm
+  (`layers.sru`, Sec. 4.3), when `sru_units > 0`.
+
+Each has the reversible contract `y, loss, record = sublayer(x, replay=None)`: `record` holds
+the discrete choices of the call (LSH buckets, the sparse FF's chosen units; `()` when there
+are none) and `replay` gives them back when the block is recomputed backwards, so gradients
+are exact. Decoding (`decode(x_b1d, cache, position)`) runs one token with the layer's cache.
+"""
+
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from sparse_jax.layers.bidirectional_attention import BidirectionalSelfAttention
+from sparse_jax.layers.causal_attention import CausalSelfAttention
+from sparse_jax.layers.lsh_attention import LSHSelfAttention
+from sparse_jax.layers.normalization import layer_norm
+from sparse_jax.layers.registry import build_ff
+from sparse_jax.layers.sparse_ff import SparseFF
+from sparse_jax.layers.sparse_qkv_attention import SparseQKVAttention
+from sparse_jax.layers.sru import LowRankSRU
+
+if TYPE_CHECKING:  # terraformer.py imports this module; the sublayers take its config.
+  from sparse_jax.models.terraformer import TerraformerConfig
+
+_NO_LOSS = jnp.zeros((), jnp.float32)
+
+
+def build_attention(cfg: "TerraformerConfig", *, causal: bool, n_layers: int,
+                    rngs: nnx.Rngs) -> nnx.Module:
+  """The decoder's (`causal`) or the encoder's self-attention of `cfg`."""
+  kind = cfg.decoder_attention if causal else cfg.encoder_attention
+  qkv = cfg.decoder_qkv if causal else "dense"
+  if kind == "lsh":
+    lsh = cfg.lsh
+    return LSHSelfAttention(
+        cfg.d_model, cfg.n_heads, n_layers=n_layers, n_hashes=lsh.n_hashes,
+        n_buckets=lsh.n_buckets, chunk_len=lsh.chunk_len, n_chunks_before=1,
+        n_chunks_after=0 if causal else 1, causal=causal, attn_dropout=cfg.attn_dropout,
+        qkv=qkv, n_modules=cfg.attention_sparsity if qkv == "sparse" else None, rngs=rngs)
+  if not causal:
+    return BidirectionalSelfAttention(cfg.d_model, cfg.n_heads, attn_dropout=cfg.attn_dropout,
+                                      rngs=rngs)
+  if qkv == "sparse":
+    return SparseQKVAttention(cfg.d_model, cfg.n_heads, n_modules=cfg.attention_sparsity,
+                              n_layers=n_layers, attn_dropout=cfg.attn_dropout, rotary=False,
+                              rngs=rngs)
+  return CausalSelfAttention(cfg.d_model, cfg.n_heads, cfg.d_model // cfg.n_heads,
+                             n_layers=n_layers, attn_dropout=cfg.attn_dropout, rotary=False,
+                             rngs=rngs)
+
+
+class AttentionHalf(nnx.Module):
+  """`Dropout(Attn(LN x))`; the encoder's attention masks padded keys (`valid_bt`)."""
+
+  def __init__(self, cfg: "TerraformerConfig", *, causal: bool, n_layers: int, rngs: nnx.Rngs):
+    self.causal = causal
+    self.is_lsh = (cfg.decoder_attention if causal else cfg.encoder_attention) == "lsh"
+    self.norm = layer_norm(cfg.d_model, epsilon=cfg.layer_norm_eps, rngs=rngs)
+    self.attn = build_attention(cfg, causal=causal, n_layers=n_layers, rngs=rngs)
+    self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
+
+  def __call__(self, x_btd: jax.Array, valid_bt: jax.Array | None = None, *, replay=None):
+    """`(y [B, T, d], 0.0, buckets or ())`; `valid_bt` (encoder only) marks real tokens."""
+    h_btd = self.norm(x_btd)
+    if self.is_lsh:
+      y_btd, record = self.attn(h_btd, valid_bt=valid_bt, buckets=replay)
+    elif self.causal:
+      y_btd, record = self.attn(h_btd), ()
+    else:
+      y_btd, record = self.attn(h_btd, valid_bt), ()
+    return self.dropout(y_btd), _NO_LOSS, record
+
+  def init_cache(self, batch: int, max_len: int, dtype) -> dict:
+    return self.attn.init_cache(batch, max_len, dtype)
+
+  def decode(self, x_b1d: jax.Array, cache: dict, position: jax.Array):
+    """One token of the causal attention: `(y [B, 1, d], cache)`."""
+    y_b1d, cache = self.attn.decode(self.norm(x_b1d), cache, position)
+    return self.dropout(y_b1d), cache
+
+
+class FeedForwardHalf(nnx.Module):
+  """`Dropout(FF(LN x))`, plus `Dense_d(SRU_r(Dense_r(LN' x)))` when `cfg.sru_units = r > 0`."""
+
+  def __init__(self, cfg: "TerraformerConfig", *, n_layers: int, rngs: nnx.Rngs):
+    self.norm = layer_norm(cfg.d_model, epsilon=cfg.layer_norm_eps, rngs=rngs)
+    self.ff = build_ff(cfg.ff, d_model=cfg.d_model, n_layers=n_layers, rngs=rngs)
+    self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
+    if cfg.sru_units:
+      self.sru_norm = layer_norm(cfg.d_model, epsilon=cfg.layer_norm_eps, rngs=rngs)
+      self.sru = LowRankSRU(cfg.d_model, cfg.sru_units, n_layers=n_layers, rngs=rngs)
+    else:
+      self.sru_norm, self.sru = None, None
+
+  def __call__(self, x_btd: jax.Array, valid_bt: jax.Array | None = None, *, replay=None):
+    """`(y [B, T, d], FF regulariser, the sparse FF's choices or ())`; `valid_bt` unused
+    (position-wise, and the SRU is causal: padding only follows the real tokens)."""
+    del valid_bt
+    h_btd = self.norm(x_btd)
+    if isinstance(self.ff, SparseFF):
+      y_btd, aux, record = self.ff.replayable(h_btd, replay)
+    else:
+      (y_btd, aux), record = self.ff(h_btd), ()
+    y_btd = self.dropout(y_btd)
+    if self.sru is not None:
+      y_btd = y_btd + self.sru(self.sru_norm(x_btd))
+    return y_btd, aux["reg_loss"].astype(jnp.float32), record
+
+  def init_cache(self, batch: int, max_len: int, dtype):
+    """The SRU's carry `[B, r]` (None without the branch)."""
+    del max_len
+    return None if self.sru is None else self.sru.init_cache(batch, dtype)
+
+  def decode(self, x_b1d: jax.Array, carry, position: jax.Array):
+    """One token, the FF's sparse decode path when it has one: `(y [B, 1, d], carry)`."""
+    del position
+    h_b1d = self.norm(x_b1d)
+    y_b1d = self.ff.decode(h_b1d) if self.ff.has_sparse_decode else self.ff(h_b1d)[0]
+    y_b1d = self.dropout(y_b1d)
+    if self.sru is not None:
+      branch_b1d, carry = self.sru.decode(self.sru_norm(x_b1d), carry)
+      y_b1d = y_b1d + branch_b1d
+    return y_b1d, carry
