@@ -36,8 +36,9 @@ def model_config(transformer: bool) -> ml_collections.ConfigDict:
       "decoder_qkv": "dense", "lsh": {"n_hashes": 2, "n_buckets": 16, "chunk_len": 32},
       "loss_sparsity": 0, "reversible": True})
   if transformer:
-    model.update(ff=ml_collections.ConfigDict({"kind": "dense", "d_ff": 512}), sru_units=0,
-                 encoder_attention="dense", decoder_attention="dense", reversible=False)
+    model.ff = ml_collections.ConfigDict({"kind": "dense", "d_ff": 512})  # Replaced, not merged.
+    model.update(sru_units=0, encoder_attention="dense", decoder_attention="dense",
+                 reversible=False)
   return model
 
 
