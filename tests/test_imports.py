@@ -22,3 +22,19 @@ def test_each_module_imports_first_in_a_fresh_interpreter():
                                    stderr=subprocess.PIPE, text=True) for m in MODULES}
   failures = {m: p.communicate(timeout=300)[1][-1500:] for m, p in processes.items()}
   assert {m: err for m, err in failures.items() if processes[m].returncode} == {}
+
+
+def test_importing_the_package_and_configs_does_not_start_jax():
+  """`jax.distributed.initialize` (train.py --num_processes) must run before the XLA backend
+  starts, so no module may compute with JAX at import time (a module-level `jnp.zeros` broke
+  multi-process training once)."""
+  script = (
+      "import importlib, pkgutil, sparse_jax, configs\n"
+      "from jax._src import xla_bridge\n"
+      "for package in (sparse_jax, configs):\n"
+      "  for info in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):\n"
+      "    importlib.import_module(info.name)\n"
+      "    assert not xla_bridge.backends_are_initialized(), info.name\n")
+  result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                          text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
+  assert result.returncode == 0, result.stderr[-1500:]

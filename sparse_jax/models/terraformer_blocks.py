@@ -34,8 +34,6 @@ from sparse_jax.layers.sru import LowRankSRU
 if TYPE_CHECKING:  # terraformer.py imports this module; the sublayers take its config.
   from sparse_jax.models.terraformer import TerraformerConfig
 
-_NO_LOSS = jnp.zeros((), jnp.float32)
-
 
 def build_attention(cfg: "TerraformerConfig", *, causal: bool, n_layers: int,
                     rngs: nnx.Rngs) -> nnx.Module:
@@ -80,7 +78,7 @@ class AttentionHalf(nnx.Module):
       y_btd, record = self.attn(h_btd), ()
     else:
       y_btd, record = self.attn(h_btd, valid_bt), ()
-    return self.dropout(y_btd), _NO_LOSS, record
+    return self.dropout(y_btd), jnp.zeros((), jnp.float32), record
 
   def init_cache(self, batch: int, max_len: int, dtype) -> dict:
     return self.attn.init_cache(batch, max_len, dtype)
