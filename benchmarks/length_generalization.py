@@ -1,7 +1,7 @@
 """Length generalisation, Scaling Transformers Table 4: Terraformer vs a Transformer of the
 same size on copy and add, trained on up to 128 digits, tested on 256-300.
 
-    python -m benchmarks.length_generalization [--tasks=copy,add] [--steps=N]
+    python -m benchmarks.length_generalization [--tasks=copy,add] [--steps=N] [--scale=K]
         [--workdir=runs/length_generalization] [--out=benchmarks/length_generalization.json]
 
 Trains `configs/terraformer_arithmetic.py:<task>` and `:<task>,transformer` (the same
@@ -30,11 +30,18 @@ PAPER = {("copy", "terraformer"): (0.999, 0.939), ("copy", "transformer"): (0.79
 MODELS = ("terraformer", "transformer")
 
 
-def run(task: str, model: str, steps: int | None, workdir: str) -> dict:
+def scaled_lengths(data, scale: int) -> None:
+  """Divides the digit-count ranges of `data` (a config section) by `scale`, in place."""
+  for field in ("train_max_len", "test_min_len", "test_max_len"):
+    data[field] = max(data.train_min_len, data[field] // scale)
+
+
+def run(task: str, model: str, steps: int | None, scale: int, workdir: str) -> dict:
   """Trains one config (resuming), then scores its greedy answers on validation and test."""
   config = terraformer_arithmetic.get_config(task + (",transformer" if model == MODELS[1] else ""))
   if steps:
     config.train.steps = steps
+  scaled_lengths(config.data, scale)
   path = os.path.join(workdir, f"{task}_{model}")
   started = time.perf_counter()
   train_and_evaluate(config, path)
@@ -42,6 +49,8 @@ def run(task: str, model: str, steps: int | None, workdir: str) -> dict:
   scores = {split: evaluate_checkpoint(path, split=split)[0] for split in ("validation", "test")}
   paper_digit, paper_seq = PAPER[(task, model)]
   return {"task": task, "model": model, "steps": config.train.steps,
+          "train_digits": [config.data.train_min_len, config.data.train_max_len],
+          "test_digits": [config.data.test_min_len, config.data.test_max_len],
           "train_minutes": minutes,
           **{f"{split}_{metric}": scores[split][metric] for split in scores
              for metric in ("per_digit_accuracy", "sequence_accuracy")},
@@ -49,11 +58,13 @@ def run(task: str, model: str, steps: int | None, workdir: str) -> dict:
 
 
 def print_table(rows: list[dict]) -> None:
-  print("| task | model | steps | train min | valid digit | valid seq | test digit | test seq "
+  print("| task | model | steps | train digits | test digits | train min | valid digit | valid seq | test digit | test seq "
         "| paper digit | paper seq |")
-  print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+  print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
   for r in rows:
-    print(f"| {r['task']} | {r['model']} | {r['steps']} | {r['train_minutes']:.1f} "
+    print(f"| {r['task']} | {r['model']} | {r['steps']} | {r['train_digits'][0]}-"
+          f"{r['train_digits'][1]} | {r['test_digits'][0]}-{r['test_digits'][1]} "
+          f"| {r['train_minutes']:.1f} "
           f"| {r['validation_per_digit_accuracy']:.3f} | {r['validation_sequence_accuracy']:.3f} "
           f"| {r['test_per_digit_accuracy']:.3f} | {r['test_sequence_accuracy']:.3f} "
           f"| {r['paper_per_digit_accuracy']:.3f} | {r['paper_sequence_accuracy']:.3f} |")
@@ -64,6 +75,8 @@ def main(argv=None):
   parser.add_argument("--tasks", default="copy,add")
   parser.add_argument("--steps", type=int, default=None,
                       help="training steps (default: the config's)")
+  parser.add_argument("--scale", type=int, default=1,
+                      help="divide every digit count by this (1: the paper's lengths)")
   parser.add_argument("--workdir", default="runs/length_generalization")
   parser.add_argument("--out", default="benchmarks/length_generalization.json")
   args = parser.parse_args(argv)
@@ -75,7 +88,7 @@ def main(argv=None):
     for model in MODELS:
       if any(r["task"] == task and r["model"] == model for r in result["rows"]):
         continue
-      result["rows"].append(run(task, model, args.steps, args.workdir))
+      result["rows"].append(run(task, model, args.steps, args.scale, args.workdir))
       result.update(machine=f"{platform.machine()}, {os.cpu_count()} cores, "
                             f"{jax.default_backend()}", jax=jax.__version__)
       with open(args.out, "w", encoding="utf-8") as f:  # After every run: nothing is lost.

@@ -184,15 +184,24 @@ def declared_axes(variable: nnx.Variable) -> tuple[str, ...] | None:
   return variable.get_metadata(LOGICAL_AXES_KEY, None)
 
 
+def _in_optimizer_state(path) -> bool:
+  return any(getattr(key, "key", None) == "opt_state" for key in path)
+
+
 def state_shardings(state, mesh: Mesh):
   """A `NamedSharding` for every array of an `nnx.State` (model and/or optimiser), in the
   state's structure: each Variable's from its declared logical axes, replicated without.
 
-  Raises ValueError for a Variable that declares a different number of axes than it has.
+  Optimiser moments carry their parameter's metadata; those of another rank (Adafactor's
+  factored row and column statistics, `(1,)` placeholders) are small and replicated.
+  Raises ValueError for any other Variable that declares a different number of axes than it
+  has.
   """
 
   def sharding(path, leaf):
     axes = declared_axes(leaf) if isinstance(leaf, nnx.Variable) else None
+    if axes is not None and len(axes) != len(leaf.shape) and _in_optimizer_state(path):
+      axes = None
     if axes is None:
       spec = PartitionSpec()
     elif len(axes) != len(leaf.shape):

@@ -96,6 +96,20 @@ def test_state_shardings_follow_the_declared_axes_also_for_adam_moments():
   assert adam.count.get_value().spec == P()
 
 
+def test_adafactor_factored_moments_are_replicated():
+  """Adafactor keeps row and column statistics (and `(1,)` placeholders) that carry the
+  parameter's 3-axis metadata; they are replicated, its full-rank moments follow the axes."""
+  model = _Tiny(nnx.Rngs(0))
+  optimizer = nnx.Optimizer(model, optax.adafactor(1e-3, min_dim_size_to_factor=4),
+                            wrt=nnx.Param)
+  _, state = nnx.split((model, optimizer))
+  shardings = parallel.state_shardings(state, parallel.make_mesh((1, 2, 4)))
+  factored = shardings[1]["opt_state"][0]
+  assert factored.v_row["experts"].get_value().spec == P()
+  assert factored.v_col["experts"].get_value().spec == P()
+  assert factored.v["experts"].get_value().spec == P()  # (1,): the moment is factored.
+
+
 def test_axes_that_do_not_match_the_shape_raise():
   with pytest.raises(ValueError, match=r"declares logical axes \('embed',\) for an array of "
                                        r"shape \(4, 4\)"):

@@ -38,8 +38,9 @@ import grain
 import numpy as np
 
 from sparse_jax import schema, validation
+from sparse_jax.data import padded_batches
 
-PAD, EOS = 0, 1
+PAD, EOS = padded_batches.PAD, 1
 FIRST_DIGIT = 2  # Digit d is token FIRST_DIGIT + d.
 SEPARATOR = FIRST_DIGIT + 10
 VOCAB_SIZE = SEPARATOR + 1
@@ -156,14 +157,6 @@ def max_lengths(config: ArithmeticConfig, split: str) -> tuple[int, int]:
   return max_len + separator + 1, max_len + 1
 
 
-def pad_example(ex: dict[str, np.ndarray], n_inputs: int, n_targets: int) -> dict:
-  """`ex` with `inputs` padded to `[n_inputs]` and `targets` to `[n_targets]` with PAD."""
-  def pad(tokens, length):
-    return np.pad(tokens, (0, length - len(tokens)), constant_values=PAD)
-
-  return {"inputs": pad(ex["inputs"], n_inputs), "targets": pad(ex["targets"], n_targets)}
-
-
 class ArithmeticSource:
   """A grain random-access source: element i is `example(config, split, i)` (unpadded)."""
 
@@ -184,20 +177,15 @@ class ArithmeticSource:
 def padded_dataset(config: ArithmeticConfig, split: str) -> grain.MapDataset:
   """The split's examples in index order, padded to `max_lengths(config, split)` so they
   batch (`.batch(batch_size)`)."""
-  n_inputs, n_targets = max_lengths(config, split)
-  return (grain.MapDataset.source(ArithmeticSource(config, split))
-          .map(lambda ex: pad_example(ex, n_inputs, n_targets)))
+  return padded_batches.padded(grain.MapDataset.source(ArithmeticSource(config, split)),
+                               *max_lengths(config, split))
 
 
 def train_iterator(config: ArithmeticConfig, batch_size: int,
                    rows: slice = slice(None)) -> grain.DatasetIterator:
-  """Endless padded train batches `{"inputs": [B, n_in], "targets": [B, n_out]}`, reshuffled
-  every epoch; checkpointable (`get_state`/`set_state`). Yields `rows` of every batch (this
-  process's rows in a multi-process job)."""
-  dataset = (padded_dataset(config, "train").shuffle(seed=config.seed).repeat(None)
-             .batch(batch_size, drop_remainder=True)
-             .map(lambda batch: {k: v[rows] for k, v in batch.items()}))
-  return iter(dataset.to_iter_dataset())
+  """Endless, resumable padded train batches (`padded_batches.train_iterator`)."""
+  return padded_batches.train_iterator(padded_dataset(config, "train"), seed=config.seed,
+                                       batch_size=batch_size, rows=rows)
 
 
 def answer(tokens: np.ndarray) -> np.ndarray:

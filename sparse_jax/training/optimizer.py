@@ -1,17 +1,26 @@
-"""The `train` section, and Adam with global-norm clipping and a learning-rate schedule:
-linear warmup then cosine decay to zero (sigma-MoE App. B), or linear decay to zero (the
-Hugging Face Trainer's default, which the SPARTAN reference runs).
+"""The `train` section: the optimiser with global-norm clipping and a learning-rate schedule.
+
+Optimisers: Adam (PyTorch's defaults; sigma-MoE, SPARTAN) or Adafactor as Trax configures it
+for Terraformer (`scientific_papers_terraformer.gin`: no momentum, decay rate 0.9, update
+clipping 1.0, factored second moments, updates scaled by the parameters' RMS).
+
+Schedules, after a linear warmup to `lr` over `warmup_steps`: cosine decay to zero
+(sigma-MoE App. B); linear decay to zero (the Hugging Face Trainer's default, which the
+SPARTAN reference runs); or "rsqrt", Trax's `constant * linear_warmup * rsqrt_decay`:
+`lr * sqrt(warmup_steps / max(t, warmup_steps))`, which never reaches zero.
 """
 
 import dataclasses
 from typing import Literal
 
+import jax.numpy as jnp
 import optax
 
 from sparse_jax import schema, validation
 
 
-SCHEDULES = ("cosine", "linear")
+SCHEDULES = ("cosine", "linear", "rsqrt")
+OPTIMIZERS = ("adam", "adafactor")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -26,6 +35,7 @@ class TrainConfig(schema.Schema):
   lr: schema.PositiveFloat
   warmup_steps: schema.NonNegativeInt = 0
   schedule: Literal[SCHEDULES] = "cosine"  # The decay after the warmup (module docstring).
+  optimizer: Literal[OPTIMIZERS] = "adam"
   grad_clip: schema.PositiveFloat | None = None
   log_every: schema.PositiveInt
   eval_every: schema.PositiveInt
@@ -48,8 +58,13 @@ def learning_rate_schedule(cfg: TrainConfig) -> optax.Schedule:
   """Linear warmup to `lr` over `warmup_steps`, then `schedule` decay to 0 at `steps`.
 
   "linear" is `transformers.get_linear_schedule_with_warmup`: `lr * (steps - t) / (steps -
-  warmup_steps)` after the warmup.
+  warmup_steps)` after the warmup. "rsqrt" peaks at `lr` at the end of the warmup, then decays
+  as `1 / sqrt(t)` (no end).
   """
+  if cfg.schedule == "rsqrt":
+    warmup = max(cfg.warmup_steps, 1)
+    return lambda t: cfg.lr * jnp.minimum(1.0, t / warmup) * jnp.sqrt(
+        warmup / jnp.maximum(t, warmup))
   if cfg.schedule == "cosine":
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0 if cfg.warmup_steps else cfg.lr, peak_value=cfg.lr,
@@ -62,8 +77,13 @@ def learning_rate_schedule(cfg: TrainConfig) -> optax.Schedule:
 
 
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
-  """Adam (PyTorch defaults, as in the paper) after global-norm clipping at `grad_clip`."""
-  adam = optax.adam(learning_rate_schedule(cfg), b1=0.9, b2=0.999, eps=1e-8)
+  """`cfg.optimizer` (module docstring) after global-norm clipping at `grad_clip`."""
+  schedule = learning_rate_schedule(cfg)
+  if cfg.optimizer == "adafactor":
+    optimizer = optax.adafactor(schedule, decay_rate=0.9, clipping_threshold=1.0, momentum=None,
+                                multiply_by_parameter_scale=True, factored=True, eps=1e-16)
+  else:
+    optimizer = optax.adam(schedule, b1=0.9, b2=0.999, eps=1e-8)
   if cfg.grad_clip is None:
-    return adam
-  return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), adam)
+    return optimizer
+  return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), optimizer)
