@@ -18,7 +18,7 @@ from sparse_jax.training import make_train_step
 from sparse_jax.training.evaluate_checkpoint import evaluate_checkpoint
 from sparse_jax.training.loop import train_and_evaluate
 from sparse_jax.training.tasks import task_for
-from sparse_jax.training.optimizer import make_optimizer
+from sparse_jax.training.optimizer import BatchedTrainConfig, make_optimizer
 from sparse_jax.validation import ConfigError
 
 
@@ -52,7 +52,8 @@ def test_only_the_methods_parameters_change(roberta_dir, tmp_path, method):
   config.train.lr = 1e-2
   model, tokenizer = build_classifier(config, num_classes=2), load_tokenizer(config.backbone)
   trainable = methods.trainable_filter(config.method)
-  optimizer = nnx.Optimizer(model, make_optimizer(config.train), wrt=trainable)
+  train = BatchedTrainConfig.parse(config.train, "train")
+  optimizer = nnx.Optimizer(model, make_optimizer(train), wrt=trainable)
   before_trainable = _flat(nnx.state(model, trainable))
   frozen = nnx.All(nnx.Param, nnx.Not(trainable))
   before_frozen = _flat(nnx.state(model, frozen))
