@@ -11,7 +11,8 @@ import sys
 
 from absl import app, flags, logging
 
-from sparse_jax.training.evaluate_checkpoint import NoCheckpointError, evaluate_checkpoint
+from sparse_jax.training.evaluate_checkpoint import evaluate_checkpoint
+from sparse_jax.training.saved_runs import NoCheckpointError
 from sparse_jax.training.tasks.classification import HiddenLabelsError
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints/.",

@@ -38,9 +38,15 @@ class DenseFF(FeedForward):
     """The hidden units: the nonlinearity (`activation`), then dropout; subclasses sparsify."""
     return self.dropout(ACTIVATIONS[self.activation_name](pre_btf))
 
+  def up(self, x_btd: jax.Array) -> jax.Array:
+    """`u = hidden(x W1 + b1)` `[..., d_ff]`: the hidden units whose active channels the
+    sigma-MoE paper counts (Fig. 1)."""
+    dtype = x_btd.dtype
+    return self.hidden(x_btd @ self.w_up[...].astype(dtype) + self.b_up[...].astype(dtype))
+
   def __call__(self, x_btd: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
     dtype = x_btd.dtype
-    h_btf = self.hidden(x_btd @ self.w_up[...].astype(dtype) + self.b_up[...].astype(dtype))
+    h_btf = self.up(x_btd)
     y_btd = h_btf @ self.w_down[...].astype(dtype) + self.b_down[...].astype(dtype)
     return y_btd, {"reg_loss": jnp.zeros((), jnp.float32)}
 

@@ -3,29 +3,8 @@
 import json
 import os
 
-from sparse_jax.training.checkpointing import Checkpointer, checkpoint_dir
+from sparse_jax.training.saved_runs import saved_config
 from sparse_jax.training.tasks import task_for
-
-
-class NoCheckpointError(FileNotFoundError):
-  """The workdir holds no checkpoint (or not the requested step)."""
-
-
-def _saved_config(workdir: str, step: int | None):
-  """`(step, config)` of checkpoint `step` (default: the latest) in `workdir`."""
-  checkpointer = Checkpointer(workdir)
-  try:
-    steps = checkpointer.all_steps()
-    if not steps:
-      raise NoCheckpointError(f"no checkpoint in {checkpoint_dir(workdir)}: train first with "
-                              f"`python train.py --workdir={workdir}`.")
-    step = max(steps) if step is None else step
-    if step not in steps:
-      raise NoCheckpointError(f"no checkpoint of step {step} in {checkpoint_dir(workdir)}; "
-                              f"available steps: {sorted(steps)}.")
-    return step, checkpointer.restore_config(step)
-  finally:
-    checkpointer.close()
 
 
 def evaluate_checkpoint(workdir: str, *, step: int | None = None, split: str = "validation",
@@ -37,7 +16,7 @@ def evaluate_checkpoint(workdir: str, *, step: int | None = None, split: str = "
   metrics and the path of the JSON file they were written to,
   `WORKDIR/eval_<split>_<step>.json`.
   """
-  step, config = _saved_config(workdir, step)
+  step, config = saved_config(workdir, step)
   metrics = task_for(config).evaluate_checkpoint(workdir, step, split, max_batches)
   results = {"step": step, "split": split, **metrics}
   path = os.path.join(workdir, f"eval_{split}_{step}.json")

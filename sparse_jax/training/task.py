@@ -14,7 +14,7 @@ import ml_collections
 from flax import nnx
 
 from sparse_jax import schema
-from sparse_jax.training.checkpointing import ParamsItem
+from sparse_jax.training.checkpointing import Checkpointer, ParamsItem
 from sparse_jax.training.placement import Placement
 
 
@@ -61,6 +61,24 @@ class Task(abc.ABC):
   @abc.abstractmethod
   def build(self, placement: Placement) -> tuple[nnx.Module, nnx.Optimizer]:
     """The model and its optimiser (state for `trainable` only), placed on the mesh."""
+
+  @abc.abstractmethod
+  def new_model(self, placement: Placement | None = None) -> nnx.Module:
+    """The model as initialised from the config (seed, backbone), created on `placement`'s
+    mesh (None: on the default device)."""
+
+  def restore_model(self, workdir: str, step: int,
+                    placement: Placement | None = None) -> nnx.Module:
+    """`new_model(placement)` with step `step`'s saved variables of `workdir` put in it
+    (fine-tuning: the trainable part on the backbone), in eval mode."""
+    model = self.new_model(placement)
+    checkpointer = Checkpointer(workdir, params=self.checkpoint_params)
+    try:
+      checkpointer.restore_params(step, model)
+    finally:
+      checkpointer.close()
+    model.eval()
+    return model
 
   @abc.abstractmethod
   def load_data(self, placement: Placement) -> grain.DatasetIterator:

@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 from flax import nnx
 from lm_testing import tiny_lm_config
-from training_testing import free_port, patch_step, sigterm_at, train_losses
+from training_testing import (assert_trees_equal, flat, free_port, patch_step, saved_item,
+                              sigterm_at, train_losses)
 
+import sparse_jax
 from configs import spartan_rte
 from sparse_jax import parallel
 from sparse_jax.finetune import methods
@@ -61,11 +63,18 @@ def saved_trainable(workdir, config):
   return jax.device_get(nnx.to_pure_dict(nnx.state(model, trainable)))
 
 
-def test_resume_with_routing_randomness_is_bit_identical(backbone_dir, offline_glue, tmp_path,
-                                                         monkeypatch):
-  config = finetune_config(backbone_dir, str(tmp_path / "tfds"))
-  straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-  train_and_evaluate(config, straight)
+@pytest.fixture(scope="module")
+def finetuned(backbone_dir, offline_glue, tmp_path_factory):
+  """`(workdir, config)` of a 4-step SPARTAN run on the backbone, checkpoints at 2 and 4."""
+  root = tmp_path_factory.mktemp("finetuned")
+  config = finetune_config(backbone_dir, str(root / "tfds"))
+  train_and_evaluate(config, str(root / "run"))
+  return str(root / "run"), config
+
+
+def test_resume_with_routing_randomness_is_bit_identical(finetuned, tmp_path, monkeypatch):
+  straight, config = finetuned
+  resumed = str(tmp_path / "resumed")
   with monkeypatch.context() as m:
     patch_step(m, sigterm_at(1))
     assert train_and_evaluate(config, resumed) == {"step": 2, "interrupted": 1.0}
@@ -74,6 +83,21 @@ def test_resume_with_routing_randomness_is_bit_identical(backbone_dir, offline_g
   assert train_losses(resumed) == train_losses(straight)
   jax.tree.map(np.testing.assert_array_equal, saved_trainable(resumed, config),
                saved_trainable(straight, config))
+
+
+def test_load_puts_the_trained_part_on_the_backbone(finetuned, backbone_dir):
+  """`sparse_jax.load` of a fine-tuning run: the checkpoint's trainable item (read directly)
+  on top of the backbone's own pretrained checkpoint (read directly)."""
+  workdir, config = finetuned
+  model, saved_config = sparse_jax.load(workdir)
+  assert saved_config.to_dict() == config.to_dict()
+  trainable = methods.trainable_filter(config.method)
+  assert_trees_equal(nnx.state(model, trainable), saved_item(workdir, 4, "trainable"))
+  pretrained = flat(saved_item(backbone_dir, 2))
+  frozen = flat(nnx.state(model.backbone, nnx.All(nnx.Param, nnx.Not(trainable))))
+  assert frozen and set(frozen) <= set(pretrained)
+  for name, value in frozen.items():
+    np.testing.assert_array_equal(value, pretrained[name], err_msg=name)
 
 
 def two_processes(backbone_dir, data_dir, workdir):

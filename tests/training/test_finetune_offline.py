@@ -1,20 +1,27 @@
 """The offline task end to end: pretrain a byte LM with our own trainer, freeze it, train
 SPARTAN memories and the head to tell standard-library packages apart, then score the saved
-trainable part through `eval.py`'s path."""
+trainable part through `eval.py`'s path and draw which parent cells each class picks
+(SPARTAN Fig. 2)."""
+
+import json
 
 import numpy as np
 
 from configs import default, spartan_stdlib
 from sparse_jax.data import classification
-from sparse_jax.training.loop import train_and_evaluate
+from sparse_jax.figures import spartan_cells
+from sparse_jax.layers.spartan import SpartanMemory
 from sparse_jax.training.evaluate_checkpoint import evaluate_checkpoint
+from sparse_jax.training.loop import train_and_evaluate
+from sparse_jax.training.saved_runs import saved_config
+from sparse_jax.training.tasks import task_for
 
 # One package with a distinctive vocabulary (codec tables) beside three of similar Python,
 # so that a backbone pretrained for seconds still separates some classes.
 PACKAGES = ("asyncio", "encodings", "idlelib", "unittest")
 
 
-def test_spartan_on_a_frozen_pretrained_lm_beats_chance(tmp_path):
+def test_spartan_on_a_frozen_pretrained_lm_beats_chance(tmp_path, monkeypatch):
   lm = default.get_config()
   lm.data.data_dir = str(tmp_path / "tfds")
   lm.data.update(batch_size=8, seq_len=32)
@@ -44,3 +51,41 @@ def test_spartan_on_a_frozen_pretrained_lm_beats_chance(tmp_path):
   results, _ = evaluate_checkpoint(str(tmp_path / "spartan"))
   assert results["accuracy"] == final["accuracy"]
   assert results["matthews_corrcoef"] == final["matthews_corrcoef"]
+  check_parent_cells_figure(str(tmp_path / "spartan"), tmp_path / "figures", monkeypatch)
+
+
+def check_parent_cells_figure(workdir, out_dir, monkeypatch):
+  """The figure's pick counts against a tap on the memories' inputs: top-K of `x P^T` in
+  float64 numpy, counted with loops over the examples' real positions (LM backbone: the
+  classifier mean-pools every real position)."""
+  calls = []
+  real_call = SpartanMemory.__call__
+
+  def keep_inputs(self, x):
+    calls.append((np.asarray(x, np.float64), np.asarray(self.parents[...], np.float64),
+                  self.top_k))
+    return real_call(self, x)
+
+  monkeypatch.setattr(SpartanMemory, "__call__", keep_inputs)
+  paths = spartan_cells.make_spartan_cells(workdir, str(out_dir), max_examples=40)
+  monkeypatch.undo()
+  numbers = json.loads(open(paths["json"]).read())
+  assert numbers["layer"] == "backbone/blocks/1/memory" and numbers["examples"] == 40
+
+  arrays = task_for(saved_config(workdir)[1]).tokenized("validation", 40)  # the same examples
+  n_layers = 2
+  last_layer_calls = calls[n_layers - 1::n_layers]
+  expected = np.zeros_like(np.array(numbers["counts"]))
+  row = 0
+  for x_btd, parents_pd, top_k in last_layer_calls:
+    for x_td in x_btd:
+      label, length = arrays["labels"][row], arrays["lengths"][row]
+      for x_d in x_td[:length]:
+        for parent in np.argsort(-(parents_pd @ x_d))[:top_k]:
+          expected[parent, label] += 1
+      row += 1
+  assert row == 40
+  got = np.array(numbers["counts"])
+  # float32 (model) vs float64 (here) may swap near-tied K-th and (K+1)-th parents.
+  assert np.abs(got - expected).sum() <= 0.005 * expected.sum(), (got, expected)
+  np.testing.assert_allclose(np.array(numbers["share"]).sum(1), 1.0)

@@ -10,8 +10,9 @@ from flax import nnx
 from training_testing import patch_step, sigterm_at, train_losses
 
 from sparse_jax.training import Checkpointer
-from sparse_jax.training.evaluate_checkpoint import NoCheckpointError, evaluate_checkpoint
+from sparse_jax.training.evaluate_checkpoint import evaluate_checkpoint
 from sparse_jax.training.loop import NonFiniteLossError, train_and_evaluate
+from sparse_jax.training.saved_runs import NoCheckpointError
 from sparse_jax.training.tasks.lm import build_model
 from sparse_jax.validation import ConfigError
 

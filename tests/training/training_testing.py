@@ -1,10 +1,15 @@
-"""Helpers shared by the training tests: reading logged losses, wrapping the train step, a
-free port for multi-process runs."""
+"""Helpers shared by the training tests: reading logged losses and checkpoint files, wrapping
+the train step, a free port for multi-process runs."""
 
 import json
 import os
 import signal
 import socket
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import nnx
 
 from sparse_jax.training import loop
 
@@ -48,3 +53,27 @@ def free_port() -> int:
   with socket.socket() as s:
     s.bind(("localhost", 0))
     return s.getsockname()[1]
+
+
+def saved_item(workdir, step, item="params"):
+  """Checkpoint `step`'s `item` as Orbax wrote it (nested dicts of numpy arrays), read without
+  any model."""
+  path = os.path.join(workdir, "checkpoints", str(step), item)
+  return jax.device_get(ocp.StandardCheckpointer().restore(path))
+
+
+def flat(tree) -> dict[str, np.ndarray]:
+  """`{"blocks/0/attn/w_q": array}` of an `nnx.State` or of a checkpoint item as Orbax
+  wrote it (its `{"value": array}` leaf wrappers dropped)."""
+  if isinstance(tree, nnx.State):
+    tree = nnx.to_pure_dict(tree)
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {"/".join(str(getattr(k, "key", k)) for k in path if getattr(k, "key", k) != "value"):
+          np.asarray(leaf) for path, leaf in leaves}
+
+
+def assert_trees_equal(got, expected):
+  got, expected = flat(got), flat(expected)
+  assert sorted(got) == sorted(expected)
+  for name, value in expected.items():
+    np.testing.assert_array_equal(got[name], value, err_msg=name)

@@ -25,7 +25,7 @@ from sparse_jax.finetune import backbones, methods
 from sparse_jax.finetune.storage import storage_report
 from sparse_jax.models.classifier import SequenceClassifier
 from sparse_jax.training import classification_metrics
-from sparse_jax.training.checkpointing import Checkpointer, ParamsItem
+from sparse_jax.training.checkpointing import ParamsItem
 from sparse_jax.training.optimizer import BatchedTrainConfig, make_optimizer
 from sparse_jax.training.placement import Placement
 from sparse_jax.training.task import Task
@@ -120,8 +120,13 @@ class ClassificationTask(Task):
     optimizer = nnx.Optimizer(model, make_optimizer(self.typed.train), wrt=self._trainable)
     return placement.put((model, optimizer))
 
-  def _tokenized(self, split: str, n_examples: int | None,
-                 first: bool = False) -> dict[str, np.ndarray]:
+  def new_model(self, placement: Placement | None = None) -> SequenceClassifier:
+    """Built eagerly (the backbone's weights are read from files), then placed."""
+    model = backbones.build_classifier(self.typed, self.spec.num_classes)
+    return model if placement is None else placement.put(model)
+
+  def tokenized(self, split: str, n_examples: int | None,
+                first: bool = False) -> dict[str, np.ndarray]:
     """A split as arrays: `tokens [N, max_len]`, `lengths [N]`, `labels [N]`."""
     loaded = classification.load_task_split(self.typed.task, split, n_examples=n_examples,
                                             seed=self.typed.seed, first=first)
@@ -132,8 +137,8 @@ class ClassificationTask(Task):
 
   def load_data(self, placement: Placement):
     task = self.typed.task
-    train = self._tokenized("train", task.n_train, first=task.n_train_from == "first")
-    self._valid = self._tokenized(self.spec.eval_split, self.typed.eval.max_examples)
+    train = self.tokenized("train", task.n_train, first=task.n_train_from == "first")
+    self._valid = self.tokenized(self.spec.eval_split, self.typed.eval.max_examples)
     return task_batches.train_iterator(train, self.batch_size, self.typed.seed,
                                        placement.local_rows(self.batch_size))
 
@@ -183,16 +188,10 @@ class ClassificationTask(Task):
     """Scores `split` (default: the task's validation split) with the backbone rebuilt from
     `backbone` and step `step`'s trainable part on top. `max_batches` limits the batches."""
     placement = Placement(parallel.mesh_from_config(self.typed.mesh))
-    model = backbones.build_classifier(self.typed, self.spec.num_classes)
-    checkpointer = Checkpointer(workdir, params=self.checkpoint_params)
-    try:
-      checkpointer.restore_params(step, model)
-    finally:
-      checkpointer.close()
-    model = placement.put(model)
+    model = self.restore_model(workdir, step, placement)
     split = self.spec.eval_split if split in (None, "validation") else split
     n_examples = None if max_batches is None else max_batches * self.typed.eval.batch_size
-    arrays = self._tokenized(split, None)
+    arrays = self.tokenized(split, None)
     if n_examples is not None:
       arrays = {k: v[:n_examples] for k, v in arrays.items()}
     return self._score(model, placement, arrays)

@@ -16,7 +16,6 @@ from sparse_jax.data.datasets import DataConfig
 from sparse_jax.models.accounting import model_report
 from sparse_jax.models.lm import LMConfig, TransformerLM
 from sparse_jax.models.xl_memory import XLMemory
-from sparse_jax.training.checkpointing import Checkpointer
 from sparse_jax.training.optimizer import TrainConfig, make_optimizer
 from sparse_jax.training.placement import Placement
 from sparse_jax.training.steps import make_rngs
@@ -104,6 +103,10 @@ class LanguageModelTask(Task):
   def build(self, placement: Placement):
     return placement.create(lambda: build_model_and_optimizer(self.typed))
 
+  def new_model(self, placement: Placement | None = None) -> TransformerLM:
+    build = lambda: build_model(self.typed)  # noqa: E731
+    return build() if placement is None else placement.create(build)
+
   def init_carry(self, model: TransformerLM, placement: Placement) -> XLMemory:
     return placement.create_memory(lambda: model.init_memory(self.batch_size))
 
@@ -137,12 +140,7 @@ class LanguageModelTask(Task):
     """Restores the model sharded onto the saved config's mesh; evaluates with the saved
     `eval.mem_len`. Token (SentencePiece) datasets report perplexity per token and per word."""
     placement = Placement(parallel.mesh_from_config(self.typed.mesh))
-    model = placement.create(lambda: build_model(self.typed))
-    checkpointer = Checkpointer(workdir)
-    try:
-      checkpointer.restore_params(step, model)
-    finally:
-      checkpointer.close()
+    model = self.restore_model(workdir, step, placement)
     loaded = data.load_split(self.typed.data, split)
     metrics = make_evaluator(self.typed, model, placement)(
         model, loaded.tokens, max_batches=max_batches, words_per_token=loaded.words_per_token)

@@ -21,7 +21,6 @@ from sparse_jax import parallel, schema, validation
 from sparse_jax.data import task_batches
 from sparse_jax.data.seq2seq import Seq2SeqDataConfig
 from sparse_jax.models.terraformer import PAD, Terraformer, TerraformerConfig
-from sparse_jax.training.checkpointing import Checkpointer
 from sparse_jax.training.optimizer import TrainConfig, make_optimizer
 from sparse_jax.training.placement import Placement
 from sparse_jax.training.steps import make_rngs
@@ -101,6 +100,10 @@ class Seq2SeqTask(Task):
       return model, nnx.Optimizer(model, make_optimizer(self.typed.train), wrt=nnx.Param)
     return placement.create(build)
 
+  def new_model(self, placement: Placement | None = None) -> Terraformer:
+    build = lambda: build_model(self.typed)  # noqa: E731
+    return build() if placement is None else placement.create(build)
+
   def load_data(self, placement: Placement):
     self._valid = self.data.eval_arrays("validation", self._eval_rows())
     iterator = self.data.train_iterator(self.batch_size, placement.local_rows(self.batch_size))
@@ -157,16 +160,10 @@ class Seq2SeqTask(Task):
                           max_batches: int | None) -> dict:
     """Restores step `step` and scores `split` (`max_batches` None: the whole split's loss)."""
     placement = Placement(parallel.mesh_from_config(self.typed.mesh))
-    model = placement.create(lambda: build_model(self.typed))
-    checkpointer = Checkpointer(workdir)
-    try:
-      checkpointer.restore_params(step, model)
-    finally:
-      checkpointer.close()
+    model = self.restore_model(workdir, step, placement)
     n_rows = None if max_batches is None else max(max_batches * self.typed.eval.batch_size,
                                                   self.typed.eval.max_examples or 0)
     arrays = self.data.eval_arrays(split, n_rows)
-    model.eval()
     return self._score(model, placement, arrays, split)
 
   def param_report(self) -> dict:
