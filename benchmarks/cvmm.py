@@ -11,9 +11,15 @@ Times the jitted forward and forward + backward (gradients of x, W1, W2 and the 
 each, per impl, in the same run; prints a table (ms, TFLOP/s on the active multiply-adds,
 speed-up over dense) and writes it as JSON. On a machine without a GPU the default is 4096
 tokens and the interpreted Pallas impl is skipped (interpret mode measures Python, not the
-kernel). Routing is uniform random top-K over distinct experts.
+kernel). Routing is uniform random top-K over distinct experts. Each row also has the peak
+memory of the compiled forward + backward (`memory_analysis`: arguments, outputs and
+temporaries), the paper's dashed lines.
+
+`--sweep` picks the variable of the figure: N_E (Fig. 2, `--experts`), G (Fig. 6) or d_model
+(Fig. 7), over `--values`; `python figures.py cvmm` plots the JSON.
 
     python benchmarks/cvmm.py --dtype float32 --output benchmarks/cvmm_cpu.json
+    python benchmarks/cvmm.py --sweep group --values 64,128,256,512 --experts 32
 """
 
 import argparse
@@ -101,18 +107,30 @@ def dense_weights(w1_edg, w2_egd):
           w2_egd.reshape(experts * group, d_model))
 
 
-def bench_experts(args, experts: int, impls: list[str]) -> list[dict]:
-  """Rows of the table for one expert count: dense first, then each impl."""
-  d, g, k, n = args.d_model, args.group, args.k, args.tokens
+def peak_memory_mb(jitted, args) -> float | None:
+  """Arguments + outputs + temporaries of the compiled call in MB, where the backend says."""
+  analysis = jitted.lower(*args).compile().memory_analysis()
+  if analysis is None:
+    return None
+  total = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
+           + analysis.temp_size_in_bytes)
+  return total / 1e6
+
+
+def bench_point(args, experts: int, group: int, d_model: int, impls: list[str]) -> list[dict]:
+  """Rows of the table for one shape: dense first, then each impl."""
+  k, n = args.k, args.tokens
   x_nd, sel_nk, gates_nk, w1_edg, w2_egd, ct_nd = random_layer(
-      jax.random.key(experts), n, d, g, k, experts, jnp.dtype(args.dtype))
+      jax.random.key(experts * 7919 + group * 31 + d_model), n, d_model, group, k, experts,
+      jnp.dtype(args.dtype))
 
   dense_args = (x_nd, *dense_weights(w1_edg, w2_egd))
-  dense_macs = 2 * n * d * g * experts
+  dense_macs = 2 * n * d_model * group * experts
   runs = [("dense", dense_mlp, dense_args, dense_macs, 3)]
   for impl in impls:
     fn = lambda x, w1, w2, gates, sel, impl=impl: moe_layer(x, sel, gates, w1, w2, impl)
-    runs.append((impl, fn, (x_nd, w1_edg, w2_egd, gates_nk, sel_nk), 2 * n * k * d * g, 4))
+    runs.append((impl, fn, (x_nd, w1_edg, w2_egd, gates_nk, sel_nk), 2 * n * k * d_model * group,
+                 4))
 
   calls = {}
   for name, fn, fn_args, _, num_diff in runs:
@@ -123,22 +141,47 @@ def bench_experts(args, experts: int, impls: list[str]) -> list[dict]:
   rows = []
   for name, _, _, macs, _ in runs:
     fwd_ms, train_ms = ms[name, "fwd"], ms[name, "fwd_bwd"]
-    rows.append(dict(experts=experts, impl=name, fwd_ms=fwd_ms, fwd_bwd_ms=train_ms,
-                     fwd_tflops=2 * macs / fwd_ms / 1e9, fwd_bwd_tflops=6 * macs / train_ms / 1e9))
+    rows.append(dict(sweep=args.sweep, experts=experts, group=group, d_model=d_model, impl=name,
+                     fwd_ms=fwd_ms, fwd_bwd_ms=train_ms,
+                     fwd_tflops=2 * macs / fwd_ms / 1e9, fwd_bwd_tflops=6 * macs / train_ms / 1e9,
+                     fwd_bwd_memory_mb=peak_memory_mb(*calls[name, "fwd_bwd"])))
   for row in rows:
     row["fwd_speedup"] = rows[0]["fwd_ms"] / row["fwd_ms"]
     row["fwd_bwd_speedup"] = rows[0]["fwd_bwd_ms"] / row["fwd_bwd_ms"]
   return rows
 
 
+def sweep_points(args) -> list[tuple[int, int, int]]:
+  """(experts, group, d_model) of each point: `--values` of the `--sweep` variable, the other
+  two fixed (`--experts` holds the N_E list for the default sweep over experts)."""
+  if args.sweep == "experts":
+    values = args.values or args.experts
+    return [(v, args.group, args.d_model) for v in _ints(values)]
+  if not args.values:
+    raise SystemExit(f"--sweep {args.sweep} needs --values (comma-separated).")
+  experts = _ints(args.experts)
+  if len(experts) != 1:
+    raise SystemExit(f"--sweep {args.sweep} fixes N_E: give one --experts value, not {experts}.")
+  if args.sweep == "group":
+    return [(experts[0], v, args.d_model) for v in _ints(args.values)]
+  return [(experts[0], args.group, v) for v in _ints(args.values)]
+
+
+def _ints(text: str) -> list[int]:
+  return [int(v) for v in text.split(",") if v]
+
+
 def format_table(rows: list[dict]) -> str:
   """Markdown table of the benchmark rows."""
-  lines = ["| N_E | impl | fwd ms | fwd TFLOP/s | fwd x dense | fwd+bwd ms | fwd+bwd TFLOP/s | fwd+bwd x dense |",
-           "|---:|---|---:|---:|---:|---:|---:|---:|"]
+  lines = ["| N_E | G | d_model | impl | fwd ms | fwd TFLOP/s | fwd x dense | fwd+bwd ms | "
+           "fwd+bwd TFLOP/s | fwd+bwd x dense | fwd+bwd MB |",
+           "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
   for r in rows:
-    lines.append(f"| {r['experts']} | {r['impl']} | {r['fwd_ms']:.1f} | {r['fwd_tflops']:.3f} | "
-                 f"{r['fwd_speedup']:.2f} | {r['fwd_bwd_ms']:.1f} | {r['fwd_bwd_tflops']:.3f} | "
-                 f"{r['fwd_bwd_speedup']:.2f} |")
+    memory = "-" if r["fwd_bwd_memory_mb"] is None else f"{r['fwd_bwd_memory_mb']:.1f}"
+    lines.append(f"| {r['experts']} | {r['group']} | {r['d_model']} | {r['impl']} | "
+                 f"{r['fwd_ms']:.1f} | {r['fwd_tflops']:.3f} | {r['fwd_speedup']:.2f} | "
+                 f"{r['fwd_bwd_ms']:.1f} | {r['fwd_bwd_tflops']:.3f} | "
+                 f"{r['fwd_bwd_speedup']:.2f} | {memory} |")
   return "\n".join(lines)
 
 
@@ -149,7 +192,12 @@ def parse_args(argv):
   parser.add_argument("--d_model", type=int, default=512)
   parser.add_argument("--group", type=int, default=128, help="G, units per expert")
   parser.add_argument("--k", type=int, default=4, help="experts per token")
-  parser.add_argument("--experts", default="8,16,32,64,128", help="comma-separated N_E values")
+  parser.add_argument("--experts", default="8,16,32,64,128",
+                      help="comma-separated N_E values (one value for the other sweeps)")
+  parser.add_argument("--sweep", default="experts", choices=["experts", "group", "d_model"],
+                      help="the variable of the figure (Fig. 2 / 6 / 7)")
+  parser.add_argument("--values", default=None,
+                      help="comma-separated values of --sweep (experts: default --experts)")
   parser.add_argument("--impls", default="pallas,blocked,ragged" if on_gpu else "blocked,ragged",
                       help="comma-separated cvmm impls")
   parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -164,11 +212,12 @@ def main(argv=None) -> list[dict]:
   if jax.default_backend() != "gpu" and "pallas" in impls:
     impls.remove("pallas")
     print("skipping impl=pallas: no GPU, it would run in Pallas interpret mode")
+  points = sweep_points(args)
   print(f"jax {jax.__version__} on {jax.devices()[0].device_kind} ({jax.default_backend()}), "
-        f"tokens={args.tokens} d_model={args.d_model} G={args.group} K={args.k} dtype={args.dtype}")
+        f"tokens={args.tokens} K={args.k} dtype={args.dtype}, sweep over {args.sweep}")
   rows = []
-  for experts in [int(e) for e in args.experts.split(",")]:
-    rows += bench_experts(args, experts, impls)
+  for experts, group, d_model in points:
+    rows += bench_point(args, experts, group, d_model, impls)
     print(format_table(rows[-len(impls) - 1:]), flush=True)
   print(format_table(rows))
   meta = dict(jax=jax.__version__, backend=jax.default_backend(),

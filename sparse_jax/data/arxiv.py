@@ -119,22 +119,26 @@ class ScientificPapers(scientific_papers_dataset_builder.Builder, skip_registrat
   code_path = scientific_papers_dataset_builder.Builder.code_path
   pkg_dir_path = scientific_papers_dataset_builder.Builder.code_path.parent
 
-  def __init__(self, *, manual_dir: str, download: bool, **kwargs):
+  MANUAL_DOWNLOAD_INSTRUCTIONS = f"Put {ARCHIVE} (from {URL}) into the manual_dir."
+
+  def __init__(self, *, manual_dir: str | None = None, download: bool = True, **kwargs):
+    """`manual_dir` None: TFDS's (`sources.resolve_manual_dir`)."""
     self._manual_dir, self._download = manual_dir, download
     super().__init__(config="arxiv", version=VERSION, **kwargs)
 
   def _archive(self, dl_manager: tfds.download.DownloadManager) -> epath.Path:
     """The archive: TFDS's download manager finds it in manual_dir or downloads it, and
     checks its sha256 either way."""
-    where = (f"arxiv: source archive {ARCHIVE!r} not found in manual_dir "
-             f"{self._manual_dir!r}. Download it from {URL} and put it there (config field "
-             f"data.manual_dir)")
-    if os.path.isfile(os.path.join(self._manual_dir, ARCHIVE)):
+    manual_dir = sources.resolve_manual_dir(self._manual_dir, dl_manager)
+    where = (f"arxiv: source archive {ARCHIVE!r} not found in manual_dir {manual_dir!r}. "
+             f"Download it from {URL} and put it there (config field data.manual_dir, or "
+             f"TFDS's DownloadConfig(manual_dir=...) / `tfds build --manual_dir`)")
+    if manual_dir and os.path.isfile(os.path.join(manual_dir, ARCHIVE)):
       try:
         return dl_manager.download(URL)
       except download_manager.NonMatchingChecksumError as e:
         raise sources.BadSourceError(
-            f"arxiv: {os.path.join(self._manual_dir, ARCHIVE)!r} is not the official archive "
+            f"arxiv: {os.path.join(manual_dir, ARCHIVE)!r} is not the official archive "
             f"({e}); re-download it from {URL}.") from e
     if not self._download:
       raise sources.MissingSourceError(where + "; downloading is off (data.download=False).")

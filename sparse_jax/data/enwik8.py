@@ -40,6 +40,7 @@ class Enwik8(tfds.core.GeneratorBasedBuilder):
 
   VERSION = tfds.core.Version("1.0.0")
   RELEASE_NOTES = {"1.0.0": "Standard 90M/5M/5M byte split of the official enwik8.zip."}
+  MANUAL_DOWNLOAD_INSTRUCTIONS = f"Put {ARCHIVE} (from {URL}) into the manual_dir."
 
   def __init__(self, *, manual_dir: str | None = None, download: bool = True,
                split_bytes: tuple[tuple[str, int], ...] = STANDARD_SPLIT_BYTES,

@@ -64,6 +64,7 @@ class Wikitext103(tfds.core.GeneratorBasedBuilder):
 
   VERSION = tfds.core.Version("1.0.0")
   RELEASE_NOTES = {"1.0.0": "Raw WikiText-103, SentencePiece ids per line batch, word counts."}
+  MANUAL_DOWNLOAD_INSTRUCTIONS = f"Put {ARCHIVE} (from {URL}) into the manual_dir."
 
   def __init__(self, *, vocab_size: int = sentencepiece_tokenizer.DEFAULT_VOCAB_SIZE,
                source_dir: str | None = None, manual_dir: str | None = None,

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-from hf_testing import save_roberta_directory
+from hf_testing import reference_copy
 
 from configs import spartan_rte
 from sparse_jax.finetune import methods
@@ -24,7 +24,7 @@ from sparse_jax.validation import ConfigError
 
 @pytest.fixture(scope="module")
 def roberta_dir(tmp_path_factory):
-  return save_roberta_directory(tmp_path_factory.mktemp("roberta"))
+  return reference_copy("roberta_320", tmp_path_factory.mktemp("roberta"))
 
 
 def rte_config(roberta_dir, data_dir, method="spartan"):

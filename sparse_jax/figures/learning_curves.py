@@ -1,0 +1,65 @@
+"""Learning curves of several runs on one plot, from their `metrics.jsonl`.
+
+`MetricsWriter` appends one line per log step, `{"step": s, "split": "train"|"validation",
+**metrics}`; a resumed run may log a step twice (the steps after its last checkpoint run
+again), in which case the later line wins. Train and validation points of a metric are
+separate series.
+"""
+
+import json
+import os
+
+from sparse_jax.figures import output
+
+
+def read_metrics(run_dir: str) -> list[dict]:
+  """The records of `run_dir/metrics.jsonl`, in file order."""
+  path = os.path.join(run_dir, "metrics.jsonl")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"no metrics.jsonl in {run_dir!r} (expected {path}); "
+                            f"train.py writes it into its --workdir.")
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def _series(records: list[dict], metric: str) -> dict[str, dict[str, list]]:
+  """`{split: {"steps": [...], "values": [...]}}` for the splits that logged `metric`."""
+  latest: dict[str, dict[int, float]] = {}
+  for record in records:
+    if metric in record:
+      latest.setdefault(record["split"], {})[record["step"]] = record[metric]
+  return {split: {"steps": sorted(points), "values": [points[s] for s in sorted(points)]}
+          for split, points in latest.items()}
+
+
+def compute_learning_curves(run_dirs: list[str], metric: str = "loss") -> dict:
+  """Per run (labelled by its directory's name): the series of `metric` per split."""
+  runs = []
+  available = set()
+  for run_dir in run_dirs:
+    records = read_metrics(run_dir)
+    available.update(k for r in records for k in r if k not in ("step", "split"))
+    runs.append({"label": os.path.basename(os.path.normpath(run_dir)), "run_dir": run_dir,
+                 "series": _series(records, metric)})
+  if not any(run["series"] for run in runs):
+    raise ValueError(f"no run logged metric {metric!r}; logged metrics: {sorted(available)}.")
+  return {"metric": metric, "runs": runs}
+
+
+def plot_learning_curves(numbers: dict):
+  fig, (ax,) = output.new_figure(width=6.0)
+  for run in numbers["runs"]:
+    for split, series in sorted(run["series"].items()):
+      style = "-" if split == "train" else "o--"
+      ax.plot(series["steps"], series["values"], style, label=f"{run['label']} ({split})")
+  ax.set_xlabel("step")
+  ax.set_ylabel(numbers["metric"])
+  ax.legend(fontsize="small")
+  return fig
+
+
+def make_learning_curves(run_dirs: list[str], out_dir: str, *, metric: str = "loss",
+                         name: str = "learning_curves") -> dict[str, str]:
+  """Computes (`compute_learning_curves`), plots and saves."""
+  numbers = compute_learning_curves(run_dirs, metric)
+  return output.save(plot_learning_curves(numbers), numbers, out_dir, name)
