@@ -12,14 +12,16 @@ each, per impl, in the same run; prints a table (ms, TFLOP/s on the active multi
 speed-up over dense) and writes it as JSON. On a machine without a GPU the default is 4096
 tokens and the interpreted Pallas impl is skipped (interpret mode measures Python, not the
 kernel). Routing is uniform random top-K over distinct experts. Each row also has the peak
-memory of the compiled forward + backward (`memory_analysis`: arguments, outputs and
-temporaries), the paper's dashed lines.
+memory of the compiled forward and of the forward + backward (`memory_analysis`: arguments,
+outputs and temporaries; None where the backend does not say), the paper's dashed lines.
 
 `--sweep` picks the variable of the figure: N_E (Fig. 2, `--experts`), G (Fig. 6) or d_model
-(Fig. 7), over `--values`; `python figures.py cvmm` plots the JSON.
+(Fig. 7), over `--values`, the other two fixed; each row names its `sweep` variable, whose
+value is that row's `experts`, `group` or `d_model`. `python figures.py cvmm` plots the JSON.
 
     python benchmarks/cvmm.py --dtype float32 --output benchmarks/cvmm_cpu.json
     python benchmarks/cvmm.py --sweep group --values 64,128,256,512 --experts 32
+    python benchmarks/cvmm.py --sweep d_model --values 256,512,1024 --experts 32 --group 128
 """
 
 import argparse
@@ -144,6 +146,7 @@ def bench_point(args, experts: int, group: int, d_model: int, impls: list[str]) 
     rows.append(dict(sweep=args.sweep, experts=experts, group=group, d_model=d_model, impl=name,
                      fwd_ms=fwd_ms, fwd_bwd_ms=train_ms,
                      fwd_tflops=2 * macs / fwd_ms / 1e9, fwd_bwd_tflops=6 * macs / train_ms / 1e9,
+                     fwd_memory_mb=peak_memory_mb(*calls[name, "fwd"]),
                      fwd_bwd_memory_mb=peak_memory_mb(*calls[name, "fwd_bwd"])))
   for row in rows:
     row["fwd_speedup"] = rows[0]["fwd_ms"] / row["fwd_ms"]
@@ -171,17 +174,21 @@ def _ints(text: str) -> list[int]:
   return [int(v) for v in text.split(",") if v]
 
 
+def _megabytes(value: float | None) -> str:
+  return "-" if value is None else f"{value:.1f}"
+
+
 def format_table(rows: list[dict]) -> str:
   """Markdown table of the benchmark rows."""
-  lines = ["| N_E | G | d_model | impl | fwd ms | fwd TFLOP/s | fwd x dense | fwd+bwd ms | "
-           "fwd+bwd TFLOP/s | fwd+bwd x dense | fwd+bwd MB |",
-           "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+  lines = ["| N_E | G | d_model | impl | fwd ms | fwd TFLOP/s | fwd x dense | fwd MB | "
+           "fwd+bwd ms | fwd+bwd TFLOP/s | fwd+bwd x dense | fwd+bwd MB |",
+           "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
   for r in rows:
-    memory = "-" if r["fwd_bwd_memory_mb"] is None else f"{r['fwd_bwd_memory_mb']:.1f}"
     lines.append(f"| {r['experts']} | {r['group']} | {r['d_model']} | {r['impl']} | "
                  f"{r['fwd_ms']:.1f} | {r['fwd_tflops']:.3f} | {r['fwd_speedup']:.2f} | "
-                 f"{r['fwd_bwd_ms']:.1f} | {r['fwd_bwd_tflops']:.3f} | "
-                 f"{r['fwd_bwd_speedup']:.2f} | {memory} |")
+                 f"{_megabytes(r['fwd_memory_mb'])} | {r['fwd_bwd_ms']:.1f} | "
+                 f"{r['fwd_bwd_tflops']:.3f} | {r['fwd_bwd_speedup']:.2f} | "
+                 f"{_megabytes(r['fwd_bwd_memory_mb'])} |")
   return "\n".join(lines)
 
 

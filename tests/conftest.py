@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import tempfile
 from unittest import mock
 
 import jax
@@ -13,6 +14,17 @@ from lm_testing import tiny_lm_config
 
 # Compile time dominates small JAX tests; these tests check semantics, not XLA's optimiser.
 jax.config.update("jax_disable_most_optimizations", True)
+# And the tests compile the same tiny models many times over: one persistent compilation cache
+# per session, shared by the xdist workers and (through the environment) by the train.py /
+# eval.py subprocesses they start. A fresh directory per session: every run compiles cold once.
+_SESSION = os.environ.get("PYTEST_XDIST_TESTRUNUID", str(os.getpid()))
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                      os.path.join(tempfile.gettempdir(), f"sparse_jax_tests_{_SESSION}"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 # Eight simulated CPU devices for the mesh tests; everything else runs on the first one.
 jax.config.update("jax_num_cpu_devices", 8)
 

@@ -47,6 +47,7 @@ def compute_learning_curves(run_dirs: list[str], metric: str = "loss") -> dict:
 
 
 def plot_learning_curves(numbers: dict):
+  """One axes: a full line per run's train series, dots and dashes per validation series."""
   fig, (ax,) = output.new_figure(width=6.0)
   for run in numbers["runs"]:
     for split, series in sorted(run["series"].items()):

@@ -2,6 +2,7 @@
 against the files parsed here with plain `json`."""
 
 import json
+import os
 
 import pytest
 
@@ -29,6 +30,7 @@ def test_curves_of_two_runs_match_their_files(tmp_path):
   numbers = json.loads(open(paths["json"]).read())
   with open(paths["png"], "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  assert os.path.getsize(paths["png"]) > 1000
 
   expected = {}
   for name in ("a", "b"):
