@@ -109,14 +109,26 @@ def dense_weights(w1_edg, w2_egd):
           w2_egd.reshape(experts * group, d_model))
 
 
-def peak_memory_mb(jitted, args) -> float | None:
-  """Arguments + outputs + temporaries of the compiled call in MB, where the backend says."""
-  analysis = jitted.lower(*args).compile().memory_analysis()
-  if analysis is None:
+def compiled(fn, args):
+  """`fn` jitted and compiled for `args`: timed, and asked for its memory, without compiling
+  it a second time."""
+  return jax.jit(fn).lower(*args).compile()
+
+
+def peak_memory_bytes(compiled) -> int | None:
+  """Device memory a compiled call needs: temporaries, arguments and outputs (outputs that
+  reuse donated arguments counted once); None if the backend does not say."""
+  stats = compiled.memory_analysis()
+  if stats is None:
     return None
-  total = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
-           + analysis.temp_size_in_bytes)
-  return total / 1e6
+  return (stats.temp_size_in_bytes + stats.argument_size_in_bytes
+          + stats.output_size_in_bytes - stats.alias_size_in_bytes)
+
+
+def peak_memory_mb(executable) -> float | None:
+  """`peak_memory_bytes` in MB."""
+  total = peak_memory_bytes(executable)
+  return None if total is None else total / 1e6
 
 
 def bench_point(args, experts: int, group: int, d_model: int, impls: list[str]) -> list[dict]:
@@ -136,9 +148,10 @@ def bench_point(args, experts: int, group: int, d_model: int, impls: list[str]) 
 
   calls = {}
   for name, fn, fn_args, _, num_diff in runs:
-    calls[name, "fwd"] = (jax.jit(fn), fn_args)
-    calls[name, "fwd_bwd"] = (jax.jit(forward_and_backward(fn, tuple(range(num_diff)))),
-                              (ct_nd, *fn_args))
+    train_args = (ct_nd, *fn_args)
+    calls[name, "fwd"] = (compiled(fn, fn_args), fn_args)
+    calls[name, "fwd_bwd"] = (compiled(forward_and_backward(fn, tuple(range(num_diff))),
+                                       train_args), train_args)
   ms = time_interleaved_ms(calls, args.repeats)
   rows = []
   for name, _, _, macs, _ in runs:
@@ -146,8 +159,8 @@ def bench_point(args, experts: int, group: int, d_model: int, impls: list[str]) 
     rows.append(dict(sweep=args.sweep, experts=experts, group=group, d_model=d_model, impl=name,
                      fwd_ms=fwd_ms, fwd_bwd_ms=train_ms,
                      fwd_tflops=2 * macs / fwd_ms / 1e9, fwd_bwd_tflops=6 * macs / train_ms / 1e9,
-                     fwd_memory_mb=peak_memory_mb(*calls[name, "fwd"]),
-                     fwd_bwd_memory_mb=peak_memory_mb(*calls[name, "fwd_bwd"])))
+                     fwd_memory_mb=peak_memory_mb(calls[name, "fwd"][0]),
+                     fwd_bwd_memory_mb=peak_memory_mb(calls[name, "fwd_bwd"][0])))
   for row in rows:
     row["fwd_speedup"] = rows[0]["fwd_ms"] / row["fwd_ms"]
     row["fwd_bwd_speedup"] = rows[0]["fwd_bwd_ms"] / row["fwd_bwd_ms"]

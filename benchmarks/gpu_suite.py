@@ -132,16 +132,6 @@ def error_text(error: BaseException, limit: int = 2000) -> str:
   return f"{type(error).__name__}: {error}"[:limit]
 
 
-def peak_memory_bytes(compiled) -> int | None:
-  """Device memory a compiled call needs: temporaries, arguments and outputs (outputs that
-  reuse donated arguments counted once); None if the backend does not say."""
-  stats = compiled.memory_analysis()
-  if stats is None:
-    return None
-  return (stats.temp_size_in_bytes + stats.argument_size_in_bytes
-          + stats.output_size_in_bytes - stats.alias_size_in_bytes)
-
-
 def device_memory_limit() -> int | None:
   """Bytes the default device's allocator may use; None where it does not say (CPU)."""
   stats = jax.devices()[0].memory_stats()
@@ -340,7 +330,7 @@ def compile_cell(cell: dict, workload: Workload, memory_limit: int | None,
   try:
     compiled = jax.jit(fn).lower(*args).compile()
     cell["compile_s"] = time.perf_counter() - start
-    cell["peak_memory_bytes"] = peak_memory_bytes(compiled)
+    cell["peak_memory_bytes"] = cvmm_benchmark.peak_memory_bytes(compiled)
     outputs = jax.block_until_ready(compiled(*args))
     start = time.perf_counter()
     jax.block_until_ready(compiled(*args))
@@ -474,7 +464,8 @@ def time_training(config, steps: int) -> dict:
       times.append(time.perf_counter() - start)
   step_ms = 1e3 * statistics.median(times[1:])
   return {"step_ms": step_ms, "tokens_per_second": batch_size * seq_len / step_ms * 1e3,
-          "peak_memory_bytes": peak_memory_bytes(compiled), "loss": float(metrics["loss"])}
+          "peak_memory_bytes": cvmm_benchmark.peak_memory_bytes(compiled),
+          "loss": float(metrics["loss"])}
 
 
 def training_part(scale: Scale, budget: Budget) -> dict:

@@ -31,16 +31,11 @@ def compute_channel_activity(workdir: str, *, step: int | None = None,
                      f"model.ff.kind={config.model.ff.kind!r}.")
   with recording.recording(model, DenseFF, _active_counts) as records:
     n_tokens = recording.run_language_model(model, config, splits, max_batches)
-  layers = sorted(records, key=_depth)
+  layers = recording.in_depth_order(records)
   counts = [np.concatenate(records[layer]) for layer in layers]
   return {"workdir": workdir, "splits": list(splits), "tokens": n_tokens,
           "d_ff": int(config.model.ff.d_ff), "layers": layers,
           "mean": [float(c.mean()) for c in counts], "std": [float(c.std()) for c in counts]}
-
-
-def _depth(path: str) -> int:
-  """The block index in a path like "blocks/3/ff"."""
-  return int(path.split("/")[1])
 
 
 def plot_channel_activity(numbers: dict):

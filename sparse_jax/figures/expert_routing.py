@@ -47,7 +47,7 @@ def compute_expert_routing(workdir: str, *, layer: int = 2, step: int | None = N
                      f"model.ff.kind={config.model.ff.kind!r}.")
   with recording.recording(model, Router, _chosen) as records:
     n_tokens = recording.run_language_model(model, config, splits, max_batches)
-  layers = sorted(records, key=lambda path: int(path.split("/")[1]))
+  layers = recording.in_depth_order(records)
   chosen = [np.concatenate(records[path]) for path in layers]
   if not 0 <= layer < len(layers):
     raise ValueError(f"layer must be in [0, {len(layers) - 1}] (the model's MoE layers); "

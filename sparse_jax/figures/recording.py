@@ -24,6 +24,13 @@ def modules_of_type(model: nnx.Module, module_type: type) -> dict[str, nnx.Modul
           if isinstance(node, module_type)}
 
 
+def in_depth_order(records: dict[str, list]) -> list[str]:
+  """The paths of `records` ordered by layer: by the first index in each path
+  ("blocks/3/ff", "backbone/layers/11/memory")."""
+  return sorted(records, key=lambda path: next(int(part) for part in path.split("/")
+                                               if part.isdigit()))
+
+
 @contextlib.contextmanager
 def recording(model: nnx.Module, module_type: type,
               record: Callable[[nnx.Module, tuple, object], object]

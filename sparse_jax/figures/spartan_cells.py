@@ -26,11 +26,6 @@ def _parents(memory: SpartanMemory, args: tuple, _) -> np.ndarray:
   return np.asarray(ids_nk).reshape(*x_btd.shape[:-1], memory.top_k)
 
 
-def _depth(path: str) -> int:
-  """The layer index in a path like "backbone/layers/11/memory"."""
-  return next(int(part) for part in path.split("/") if part.isdigit())
-
-
 def pick_counts(ids_btk: np.ndarray, read_bt: np.ndarray, labels_b: np.ndarray,
                 n_parents: int, n_classes: int) -> np.ndarray:
   """`[P, C]` picks of each parent by the read positions (`read_bt`) of each class."""
@@ -58,7 +53,7 @@ def compute_spartan_cells(workdir: str, *, split: str = "validation",
   with recording.recording(model, SpartanMemory, _parents) as records:
     for start in range(0, len(arrays["labels"]), batch):
       model(arrays["tokens"][start:start + batch], arrays["lengths"][start:start + batch])
-  last = max(records, key=_depth)
+  last = recording.in_depth_order(records)[-1]
   ids_btk = np.concatenate(records[last])
   positions_bt = np.arange(ids_btk.shape[1])[None, :]
   read_bt = (positions_bt == 0 if model.pool_first

@@ -29,10 +29,9 @@ def test_train_then_eval_writes_rouge(tmp_path):
   arxiv_testing.prepare(data_dir, manual_dir)
   workdir = str(tmp_path / "run")
   data_flags = [f"--config.data.data_dir={data_dir}", f"--config.data.manual_dir={manual_dir}"]
-  cache = tmp_path / "jax_cache"
-  result = run("train.py", f"--workdir={workdir}", *TINY, *data_flags, cache_dir=cache)
+  result = run("train.py", f"--workdir={workdir}", *TINY, *data_flags)
   assert "step=2" in result.stdout and "rougeLsum=" in result.stdout
-  result = run("eval.py", f"--workdir={workdir}", "--split=test", cache_dir=cache)
+  result = run("eval.py", f"--workdir={workdir}", "--split=test")
   with open(os.path.join(workdir, "eval_test_2.json"), encoding="utf-8") as f:
     scores = json.load(f)
   for rouge_type in rouge_metrics.ROUGE_TYPES:

@@ -25,13 +25,10 @@ TINY = ["--config=configs/terraformer_arithmetic.py:add", "--config.model.d_mode
         "--config.eval.max_examples=4", "--config.train.log_every=1"]
 
 
-def run(script: str, *args: str, cache_dir) -> subprocess.CompletedProcess:
-  """Runs `script` on CPU; runs that share `cache_dir` reuse each other's compilations (a
-  resumed run and eval.py compile what the first run did)."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS="true",
-             JAX_COMPILATION_CACHE_DIR=str(cache_dir),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+def run(script: str, *args: str) -> subprocess.CompletedProcess:
+  """Runs `script` on CPU. It inherits the session's compilation cache (conftest), so a
+  resumed run and eval.py reuse what the first run compiled."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS="true")
   result = subprocess.run([sys.executable, script, *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
@@ -39,15 +36,14 @@ def run(script: str, *args: str, cache_dir) -> subprocess.CompletedProcess:
 
 
 def test_train_resume_and_eval_on_the_long_test_split(tmp_path):
-  workdir, cache = str(tmp_path / "run"), tmp_path / "jax_cache"
-  run("train.py", f"--workdir={workdir}", *TINY, "--config.train.steps=2", cache_dir=cache)
-  result = run("train.py", f"--workdir={workdir}", *TINY, "--config.train.steps=3",
-               cache_dir=cache)
+  workdir = str(tmp_path / "run")
+  run("train.py", f"--workdir={workdir}", *TINY, "--config.train.steps=2")
+  result = run("train.py", f"--workdir={workdir}", *TINY, "--config.train.steps=3")
   assert "step=3" in result.stdout and "per_digit_accuracy=" in result.stdout
   with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
     steps = [r["step"] for r in map(json.loads, f) if r["split"] == "train"]
   assert steps == [1, 2, 3]  # The second run resumed after step 2.
-  result = run("eval.py", f"--workdir={workdir}", "--split=test", cache_dir=cache)
+  result = run("eval.py", f"--workdir={workdir}", "--split=test")
   with open(os.path.join(workdir, "eval_test_3.json"), encoding="utf-8") as f:
     scores = json.load(f)
   assert 0.0 <= scores["per_digit_accuracy"] <= 1.0 and np.isfinite(scores["ce"])
