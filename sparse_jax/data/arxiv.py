@@ -1,15 +1,17 @@
 """arXiv summarisation (Scaling Transformers Sec. 4.4, Table 5): TFDS `scientific_papers/arxiv`
 1.1.1 as SentencePiece ids, and the abstracts ROUGE compares answers with.
 
-Source: the official `arxiv-dataset.zip` of Cohan et al. (2018), found in `manual_dir` or
-downloaded from `URL` by TFDS's download manager, which checks either against the sha256 TFDS
-registers for it. The archive holds `arxiv-dataset/{train,val,test}.txt`, one JSON object per
-paper and line: `article_id`, `article_text` (the body, a list of paragraphs),
-`abstract_text` (a list of sentences, each wrapped in `<S> ... </S>`), `section_names`,
-`sections` and `labels`.
+Source: the official `arxiv-dataset.zip` of Cohan et al. (2018), found in the manual_dir (the
+builder's `manual_dir`, config field `data.manual_dir`; else TFDS's, from
+`DownloadConfig(manual_dir=...)` or `tfds build --manual_dir`) or downloaded from `URL` by
+TFDS's download manager, and checked either way against the sha256 TFDS registers for it. The
+archive holds `arxiv-dataset/{train,val,test}.txt`, one JSON object per paper and line:
+`article_id`, `article_text` (the body, a list of paragraphs), `abstract_text` (a list of
+sentences, each wrapped in `<S> ... </S>`), `section_names`, `sections` and `labels`.
 
 Records: TFDS's own builder (`scientific_papers_dataset_builder.Builder`) through the thin
-subclass `ScientificPapers`, which overrides only `_split_generators`. TFDS's version calls
+subclass `ScientificPapers`, which overrides `_split_generators` (and keeps only the arxiv
+config, so `tfds build` on this module's file prepares arxiv alone). TFDS's version calls
 `dl_manager.download_and_extract`, whose extractor opens archives with `tf.io.gfile.GFile`
 (`tensorflow_datasets/core/download/extractor.py`, `_open_or_pass` and `_copy`), so it needs
 TensorFlow; this one downloads the same way, then extracts the three split files with
@@ -43,7 +45,7 @@ import grain
 import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
-from tensorflow_datasets.core.download import download_manager
+from tensorflow_datasets.core.download import checksums
 from tensorflow_datasets.datasets.scientific_papers import scientific_papers_dataset_builder
 
 from sparse_jax import schema, validation
@@ -110,7 +112,7 @@ def extract_splits(archive: epath.Path, destination: epath.Path) -> epath.Path:
 class ScientificPapers(scientific_papers_dataset_builder.Builder, skip_registration=True):
   """TFDS's `scientific_papers` builder, config `arxiv`, prepared without TensorFlow.
 
-  Overrides only `_split_generators` (module docstring); keeps TFDS's name, checksums and
+  Overrides `_split_generators` (module docstring); keeps TFDS's name, checksums and
   metadata (`code_path`, `pkg_dir_path`), so it writes to and reads from the same
   `<data_dir>/scientific_papers/arxiv/1.1.1` as TFDS's own builder.
   """
@@ -118,28 +120,49 @@ class ScientificPapers(scientific_papers_dataset_builder.Builder, skip_registrat
   name = "scientific_papers"
   code_path = scientific_papers_dataset_builder.Builder.code_path
   pkg_dir_path = scientific_papers_dataset_builder.Builder.code_path.parent
+  # Only `arxiv` (so `tfds build` on this module prepares arxiv alone, not pubmed too).
+  BUILDER_CONFIGS = [config for config in scientific_papers_dataset_builder.Builder.BUILDER_CONFIGS
+                     if config.name == "arxiv"]
 
   MANUAL_DOWNLOAD_INSTRUCTIONS = f"Put {ARCHIVE} (from {URL}) into the manual_dir."
 
-  def __init__(self, *, manual_dir: str | None = None, download: bool = True, **kwargs):
-    """`manual_dir` None: TFDS's (`sources.resolve_manual_dir`)."""
+  def __init__(self, *, manual_dir: str | None = None, download: bool = True,
+               config: str | tfds.core.BuilderConfig | None = None, version: str | None = None,
+               file_format: str | None = sources.FILE_FORMAT, **kwargs):
+    """`manual_dir` None: TFDS's (`sources.resolve_manual_dir`). `config` and `version` may
+    only name what this builder prepares, `arxiv` and `VERSION` (`tfds build` passes them)."""
+    config_name = config if config is None or isinstance(config, str) else config.name
+    if config_name not in (None, "arxiv"):
+      raise ValueError(f"arxiv: this builder prepares the config 'arxiv' only, not "
+                       f"{config_name!r} (TFDS's own scientific_papers builder, which needs "
+                       f"TensorFlow, prepares pubmed).")
+    if version not in (None, VERSION):
+      raise ValueError(f"arxiv: this builder prepares version {VERSION} only, not {version!r}.")
     self._manual_dir, self._download = manual_dir, download
-    super().__init__(config="arxiv", version=VERSION, **kwargs)
+    super().__init__(config="arxiv", version=VERSION, file_format=file_format, **kwargs)
+
+  def _manual_archive(self, path: epath.Path) -> epath.Path:
+    """`path` after checking its size and sha256 against those TFDS registers for `URL`, as
+    TFDS's download manager checks a file in its own manual_dir (which ours may not be)."""
+    expected = (self.url_infos or {}).get(URL)
+    if expected is not None:
+      found = checksums.compute_url_info(path)
+      if (found.size, found.checksum) != (expected.size, expected.checksum):
+        raise sources.BadSourceError(
+            f"arxiv: {os.fspath(path)!r} is not the official archive ({found.size:,} bytes, "
+            f"sha256 {found.checksum}; expected {expected.size:,} bytes, sha256 "
+            f"{expected.checksum}); re-download it from {URL}.")
+    return path
 
   def _archive(self, dl_manager: tfds.download.DownloadManager) -> epath.Path:
-    """The archive: TFDS's download manager finds it in manual_dir or downloads it, and
-    checks its sha256 either way."""
+    """The archive: from the manual_dir (`sources.resolve_manual_dir`) or downloaded by
+    TFDS's download manager, its sha256 checked either way."""
     manual_dir = sources.resolve_manual_dir(self._manual_dir, dl_manager)
     where = (f"arxiv: source archive {ARCHIVE!r} not found in manual_dir {manual_dir!r}. "
              f"Download it from {URL} and put it there (config field data.manual_dir, or "
              f"TFDS's DownloadConfig(manual_dir=...) / `tfds build --manual_dir`)")
     if manual_dir and os.path.isfile(os.path.join(manual_dir, ARCHIVE)):
-      try:
-        return dl_manager.download(URL)
-      except download_manager.NonMatchingChecksumError as e:
-        raise sources.BadSourceError(
-            f"arxiv: {os.path.join(manual_dir, ARCHIVE)!r} is not the official archive "
-            f"({e}); re-download it from {URL}.") from e
+      return self._manual_archive(epath.Path(manual_dir) / ARCHIVE)
     if not self._download:
       raise sources.MissingSourceError(where + "; downloading is off (data.download=False).")
     try:

@@ -44,11 +44,13 @@ class Enwik8(tfds.core.GeneratorBasedBuilder):
 
   def __init__(self, *, manual_dir: str | None = None, download: bool = True,
                split_bytes: tuple[tuple[str, int], ...] = STANDARD_SPLIT_BYTES,
-               chunk_bytes: int = text_records.BYTES_PER_RECORD, **kwargs):
-    """`split_bytes`: (split, length) in source order; their sum is the required size."""
+               chunk_bytes: int = text_records.BYTES_PER_RECORD,
+               file_format: str | None = sources.FILE_FORMAT, **kwargs):
+    """`split_bytes`: (split, length) in source order; their sum is the required size.
+    `manual_dir` None: TFDS's (`sources.resolve_manual_dir`)."""
     self._manual_dir, self._download = manual_dir, download
     self._split_bytes, self._chunk_bytes = tuple(split_bytes), chunk_bytes
-    super().__init__(**kwargs)
+    super().__init__(file_format=file_format, **kwargs)
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(builder=self, description=__doc__,

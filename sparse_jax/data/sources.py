@@ -9,6 +9,11 @@ import os
 
 import tensorflow_datasets as tfds
 
+# The record format our builders write unless told otherwise (`file_format=`, or `tfds build
+# --file_format`): random access without TensorFlow. TFDS's default, TFRecord, needs TensorFlow
+# to write.
+FILE_FORMAT = "array_record"
+
 
 class MissingSourceError(FileNotFoundError):
   """A dataset's source file is neither in manual_dir nor downloadable."""

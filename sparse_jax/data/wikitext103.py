@@ -6,12 +6,14 @@ Source: the official raw archive `wikitext-103-raw-v1.zip`, whose files are
 SentencePiece model of `vocab_size` pieces (8000 in the paper's runs) is trained on the train
 split and saved in the prepared data dir; each split is written as records of encoded lines in
 source order, with word counts for per-word perplexity. Each vocabulary size is its own TFDS
-config (`sp8000`, ...), so preparing another size does not overwrite the first.
+config (`sp8000`, ...), so preparing another size does not overwrite the first; a config name
+`sp<N>` also selects the size (`tfds build wikitext103/sp4000`, `tfds.builder(...)`).
 """
 
 import contextlib
 import io
 import os
+import re
 import zipfile
 from typing import Iterator, TextIO
 
@@ -59,22 +61,51 @@ def open_split(source: str, split: str) -> Iterator[TextIO]:
     yield io.TextIOWrapper(raw, encoding="utf-8", newline="")
 
 
+def _builder_config(vocab_size: int) -> tfds.core.BuilderConfig:
+  return tfds.core.BuilderConfig(name=f"sp{vocab_size}",
+                                 description=f"SentencePiece, {vocab_size} pieces.")
+
+
+def vocab_size_of(config: str | tfds.core.BuilderConfig) -> int:
+  """The vocabulary size a config names: `sp8000` -> 8000."""
+  name = config if isinstance(config, str) else config.name
+  match = re.fullmatch(r"sp([1-9][0-9]*)", name)
+  if not match:
+    raise ValueError(f"wikitext103: config {name!r} is not sp<vocab_size> (e.g. sp8000).")
+  return int(match[1])
+
+
 class Wikitext103(tfds.core.GeneratorBasedBuilder):
   """WikiText-103 (raw) encoded with a SentencePiece model trained on its train split."""
 
   VERSION = tfds.core.Version("1.0.0")
   RELEASE_NOTES = {"1.0.0": "Raw WikiText-103, SentencePiece ids per line batch, word counts."}
   MANUAL_DOWNLOAD_INSTRUCTIONS = f"Put {ARCHIVE} (from {URL}) into the manual_dir."
+  # The paper's size, what `tfds build wikitext103` prepares; any other `sp<N>` is accepted.
+  BUILDER_CONFIGS = [_builder_config(sentencepiece_tokenizer.DEFAULT_VOCAB_SIZE)]
 
-  def __init__(self, *, vocab_size: int = sentencepiece_tokenizer.DEFAULT_VOCAB_SIZE,
+  def __init__(self, *, vocab_size: int | None = None,
+               config: str | tfds.core.BuilderConfig | None = None,
                source_dir: str | None = None, manual_dir: str | None = None,
-               download: bool = True, **kwargs):
-    """`source_dir`, when given, is an extracted directory used instead of the archive."""
+               download: bool = True, file_format: str | None = sources.FILE_FORMAT,
+               **kwargs):
+    """`vocab_size` or a `config` named `sp<vocab_size>` (default: sp8000). `source_dir`,
+    when given, is an extracted directory used instead of the archive. `manual_dir` None:
+    TFDS's (`sources.resolve_manual_dir`)."""
+    if config is not None:
+      named = vocab_size_of(config)
+      if vocab_size is not None and vocab_size != named:
+        raise ValueError(f"wikitext103: vocab_size={vocab_size} contradicts config "
+                         f"{f'sp{named}'!r}.")
+      vocab_size = named
+    if vocab_size is None:
+      vocab_size = sentencepiece_tokenizer.DEFAULT_VOCAB_SIZE
     self._vocab_size, self._source_dir = vocab_size, source_dir
     self._manual_dir, self._download = manual_dir, download
-    config = tfds.core.BuilderConfig(name=f"sp{vocab_size}",
-                                     description=f"SentencePiece, {vocab_size} pieces.")
-    super().__init__(config=config, **kwargs)
+    # TFDS accepts a config object named like one of BUILDER_CONFIGS only if it is that one.
+    config = next((c for c in self.BUILDER_CONFIGS if c.name == f"sp{vocab_size}"),
+                  None) or _builder_config(vocab_size)
+    super().__init__(config=config, file_format=file_format, **kwargs)
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(builder=self, description=__doc__,
