@@ -12,6 +12,7 @@
 Re-running with the same workdir resumes from its latest checkpoint.
 """
 
+import logging as std_logging
 import os
 import sys
 
@@ -20,8 +21,11 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from sparse_jax.config_overrides import switch_kinds
+from sparse_jax.data.sources import BadSourceError
 from sparse_jax.training import distributed
-from sparse_jax.training.loop import format_metrics, run_task, train_and_evaluate
+from sparse_jax.training.checkpointing import CheckpointRestoreError, CheckpointWriteError
+from sparse_jax.training.loop import (NonFiniteLossError, format_metrics, run_task,
+                                      train_and_evaluate)
 from sparse_jax.training.seed_runs import SUMMARY_FILE, run_seeds
 from sparse_jax.training.tasks import task_for
 from sparse_jax.validation import ConfigError
@@ -109,7 +113,13 @@ def main(argv):
       _train_seeds(workdir)
       return
     final = run_task(task, workdir)
-  except (ConfigError, FileNotFoundError) as e:
+  except (ConfigError, FileNotFoundError, BadSourceError, NonFiniteLossError,
+          CheckpointRestoreError) as e:
+    sys.exit(f"train.py: {e}")
+  except CheckpointWriteError as e:
+    # Orbax's failed write tasks, reported in `e`, would be logged again as "exception never
+    # retrieved" tracebacks when they are garbage-collected at exit.
+    std_logging.getLogger("asyncio").setLevel(std_logging.CRITICAL)
     sys.exit(f"train.py: {e}")
   if jax.process_index() == 0:
     print(f"final ({workdir}): {format_metrics(final)}")

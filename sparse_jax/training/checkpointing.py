@@ -7,16 +7,27 @@ task costs the size of its trainable part on disk, SPARTAN App. E), the optimise
 iterator state (`data`) and the config as JSON, so a run resumes exactly where it stopped and
 `eval.py` rebuilds the model from the checkpoint alone. RNG state is not saved: the training
 step derives its randomness from (seed, step).
+
+Faults: Orbax writes each step into a temporary directory renamed into place when complete,
+so a process killed mid-save leaves no partial step (the leftover temporary directory is
+removed at the next start). A step that is there but does not read back (a file truncated or
+deleted afterwards) is moved to `WORKDIR/broken_checkpoints/` with a warning and the run
+resumes from the step before it (`restore_latest`); a failed write (disk full, I/O error)
+stops the run with `CheckpointWriteError`, the earlier steps untouched.
 """
 
 import dataclasses
 import os
+import shutil
 
 import grain
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
+from absl import logging
 from flax import nnx
+
+from sparse_jax.training import resume_config
 
 NOT_RNG = nnx.Not(nnx.RngState)
 
@@ -33,17 +44,43 @@ def checkpoint_dir(workdir: str) -> str:
   return os.path.join(os.path.abspath(workdir), "checkpoints")
 
 
+def broken_dir(workdir: str) -> str:
+  """Where steps that do not read back are moved (kept, for inspection)."""
+  return os.path.join(os.path.abspath(workdir), "broken_checkpoints")
+
+
 def abstract_state(tree):
   return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
+
+
+class CheckpointWriteError(RuntimeError):
+  """Writing a checkpoint failed (disk full, permissions, I/O); earlier steps are intact."""
+
+
+class CheckpointRestoreError(RuntimeError):
+  """No checkpoint of a run reads back; none was moved or deleted."""
+
+
+def _summary(error: BaseException, keep: int = 200) -> str:
+  """An exception's type and first line, its middle elided past `2 * keep` characters
+  (TensorStore's messages name long paths first and the OS error last)."""
+  lines = str(error).strip().splitlines()
+  text = lines[0] if lines else ""
+  if len(text) > 2 * keep:
+    text = f"{text[:keep]} ... {text[-keep:]}"
+  return f"{type(error).__name__}: {text}"
 
 
 class Checkpointer:
   """Saves and restores training runs; never deletes the last good checkpoint."""
 
   def __init__(self, workdir: str, *, max_to_keep: int = 3, params: ParamsItem = ParamsItem()):
-    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
+    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                           cleanup_tmp_directories=True)
+    self._workdir = workdir
     self._manager = ocp.CheckpointManager(checkpoint_dir(workdir), options=options)
     self._params = params
+    self._writing: int | None = None  # The step of the save in flight, if any.
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -55,16 +92,38 @@ class Checkpointer:
            data_iterator: grain.DatasetIterator, config: ml_collections.ConfigDict,
            extras: dict | None = None) -> None:
     """Saves asynchronously (`extras`: item name -> pytree of arrays); call `wait()` before
-    relying on the files."""
+    relying on the files. Raises `CheckpointWriteError` if this or the previous save failed."""
+    self.check_writes()
     if step in self._manager.all_steps():
       return
-    self._manager.save(step, args=ocp.args.Composite(**{
-        self._params.name: ocp.args.StandardSave(nnx.state(model, self._params.filter)),
-        "opt_state": ocp.args.StandardSave(nnx.state(optimizer)),
-        **{name: ocp.args.StandardSave(tree) for name, tree in (extras or {}).items()},
-        "data": grain.checkpoint.CheckpointSave(data_iterator),
-        "config": ocp.args.JsonSave(config.to_dict()),
-    }))
+    try:
+      self._manager.save(step, args=ocp.args.Composite(**{
+          self._params.name: ocp.args.StandardSave(nnx.state(model, self._params.filter)),
+          "opt_state": ocp.args.StandardSave(nnx.state(optimizer)),
+          **{name: ocp.args.StandardSave(tree) for name, tree in (extras or {}).items()},
+          "data": grain.checkpoint.CheckpointSave(data_iterator),
+          "config": ocp.args.JsonSave(config.to_dict()),
+      }))
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._write_error(step, e) from e
+    self._writing = step
+
+  def _write_error(self, step: int | None, error: BaseException) -> CheckpointWriteError:
+    self._manager.reload()
+    good = self._manager.latest_step()
+    kept = (f"The last good checkpoint, step {good}, is intact: fix the cause (free disk "
+            f"space) and run the same command again to resume from it." if good is not None
+            else "No earlier checkpoint exists.")
+    return CheckpointWriteError(
+        f"writing the checkpoint of step {step} to {checkpoint_dir(self._workdir)} failed "
+        f"({_summary(error)}); training stopped. {kept}")
+
+  def check_writes(self) -> None:
+    """Raises `CheckpointWriteError` if a background save has failed (does not wait)."""
+    try:
+      self._manager.check_for_errors()
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._write_error(self._writing, e) from e
 
   def restore(self, step: int, *, model: nnx.Module, optimizer: nnx.Optimizer,
               data_iterator: grain.DatasetIterator, extras: dict | None = None) -> dict:
@@ -81,6 +140,66 @@ class Checkpointer:
     nnx.update(model, restored[self._params.name])
     nnx.update(optimizer, restored.opt_state)
     return {name: restored[name] for name in extras}
+
+  def check_resume(self, config: ml_collections.ConfigDict) -> None:
+    """Raises `ConfigError` unless `config` may resume from the newest step whose saved config
+    reads back (`resume_config.check_resumable`, naming every refused field); logs the
+    accepted changes. Cheap: reads JSON only, so a run checks it before building anything."""
+    for step in sorted(self.all_steps(), reverse=True):
+      try:
+        saved = self.restore_config(step)
+      except Exception:  # pylint: disable=broad-except  # Unreadable: `restore_latest` decides.
+        continue
+      for path, (old, new) in resume_config.check_resumable(
+          saved, config, workdir=self._workdir, step=step).items():
+        logging.warning("Resuming with config field %s changed: %r -> %r.", path, old, new)
+      return
+
+  def restore_latest(self, *, model: nnx.Module, optimizer: nnx.Optimizer,
+                     data_iterator: grain.DatasetIterator, extras: dict | None = None
+                     ) -> tuple[int, dict] | None:
+    """Restores the newest step that reads back whole; `(step, extras)`, or None if there are
+    no checkpoints.
+
+    A step whose files fail to read (truncated, deleted) is tried no further: once an older
+    step restores, every newer one that failed is moved to `broken_dir(workdir)` with a
+    warning naming it, so the run saves those steps anew. If no step restores, raises
+    `CheckpointRestoreError` naming each and moves nothing: a run never starts fresh on its
+    own.
+    """
+    failed = []
+    for step in sorted(self.all_steps(), reverse=True):
+      try:
+        self.restore_config(step)  # `eval.py` and `load` need it too.
+        restored = self.restore(step, model=model, optimizer=optimizer,
+                                data_iterator=data_iterator, extras=extras)
+      except Exception as e:  # pylint: disable=broad-except
+        failed.append((step, e))
+        continue
+      for broken, error in failed:
+        self._set_aside(broken, error, step)
+      return step, restored
+    if failed:
+      listed = "\n".join(f"  step {step}: {_summary(e)}" for step, e in failed)
+      raise CheckpointRestoreError(
+          f"no checkpoint in {checkpoint_dir(self._workdir)} reads back:\n{listed}\nNothing "
+          f"was moved or deleted. To start fresh, use another --workdir or delete that "
+          f"directory.")
+    return None
+
+  def _set_aside(self, step: int, error: BaseException, fallback: int) -> None:
+    """Moves broken step `step` out of the checkpoint directory, keeping its files."""
+    source = os.path.join(checkpoint_dir(self._workdir), str(step))
+    target = os.path.join(broken_dir(self._workdir), str(step))
+    suffix = 1
+    while os.path.exists(target):
+      target = os.path.join(broken_dir(self._workdir), f"{step}.{suffix}")
+      suffix += 1
+    os.makedirs(broken_dir(self._workdir), exist_ok=True)
+    shutil.move(source, target)
+    self._manager.reload()
+    logging.warning("The checkpoint of step %d does not read back (%s); moved it to %s and "
+                    "resuming from step %d.", step, _summary(error), target, fallback)
 
   def restore_params(self, step: int, model: nnx.Module) -> None:
     """Restores only the model's saved variables (for evaluation, or onto a backbone)."""
@@ -101,7 +220,11 @@ class Checkpointer:
                for f in files)
 
   def wait(self) -> None:
-    self._manager.wait_until_finished()
+    """Waits for the save in flight; raises `CheckpointWriteError` if it failed."""
+    try:
+      self._manager.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._write_error(self._writing, e) from e
 
   def close(self) -> None:
     self._manager.close()

@@ -3,7 +3,9 @@
 `train_and_evaluate(config, workdir)` picks the task of the config (`training.tasks`), builds a
 `Run` on the mesh and loops. Logging syncs with the device once per `train.log_every` steps;
 a non-finite loss stops the run (the last good checkpoint is kept); SIGTERM/SIGINT save and
-stop; only the first process prints, writes metrics and shows progress.
+stop; a failed checkpoint write stops it (`CheckpointWriteError`); resuming restores the newest
+checkpoint that reads back, with a config that may resume from it
+(`training.resume_config`); only the first process prints, writes metrics and shows progress.
 """
 
 import time
@@ -78,17 +80,19 @@ class Run:
     self.task, self.config, self.workdir = task, task.config, workdir
     self.placement = placement = Placement(mesh)
     task.check_mesh(placement)
+    self.checkpointer = Checkpointer(workdir, max_to_keep=train_cfg.keep_checkpoints,
+                                     params=task.checkpoint_params)
+    self.checkpointer.check_resume(self.config)
     self.model, self.optimizer = task.build(placement)
     self.data_iterator = task.load_data(placement)
     self.carry = task.init_carry(self.model, placement)
-    self.checkpointer = Checkpointer(workdir, max_to_keep=train_cfg.keep_checkpoints,
-                                     params=task.checkpoint_params)
-    self.start = self.checkpointer.latest_step() or 0
-    if self.start:
+    restored = self.checkpointer.restore_latest(
+        model=self.model, optimizer=self.optimizer, data_iterator=self.data_iterator,
+        extras=task.checkpoint_extras(self.carry))
+    self.start = 0
+    if restored:
+      self.start, extras = restored
       _print(f"Resuming from the checkpoint of step {self.start} in {workdir}.")
-      extras = self.checkpointer.restore(
-          self.start, model=self.model, optimizer=self.optimizer,
-          data_iterator=self.data_iterator, extras=task.checkpoint_extras(self.carry))
       self.carry = task.carry_from_extras(extras, self.carry)
     self.writer = MetricsWriter(workdir) if is_main_process() else None
     self.lr = learning_rate_schedule(train_cfg)
@@ -105,6 +109,9 @@ class Run:
     return metrics
 
   def log(self, step: int, window: MetricsWindow) -> dict[str, float]:
+    """Writes the window's metrics; raises if its loss is not finite or if a checkpoint
+    write has failed in the background since (so a failed save stops the run here)."""
+    self.checkpointer.check_writes()
     logged = window.flush(self.task.items_per_step, self.task.rate_name)
     logged.update(self.task.log_metrics(logged), lr=float(self.lr(step - 1)))
     self._write(step, "train", logged)
@@ -131,11 +138,14 @@ class Run:
                            extras=self.task.checkpoint_extras(self.carry))
 
   def close(self) -> None:
-    """Waits for checkpoint writes to finish, then closes the outputs."""
-    self.checkpointer.wait()
-    self.checkpointer.close()
-    if self.writer:
-      self.writer.close()
+    """Waits for checkpoint writes to finish (raising if one failed), then closes the
+    outputs."""
+    try:
+      self.checkpointer.wait()
+    finally:
+      self.checkpointer.close()
+      if self.writer:
+        self.writer.close()
 
 
 def run_task(task: Task, workdir: str, mesh: Mesh | None = None) -> dict[str, float]:

@@ -1,4 +1,9 @@
-"""Training metrics: one JSON object per line in `metrics.jsonl` and TensorBoard events."""
+"""Training metrics: one JSON object per line in `metrics.jsonl` and TensorBoard events.
+
+A resumed run appends to the same `metrics.jsonl`; steps it repeats (those after the
+checkpoint it resumed from) appear again, and readers keep the later line. A line cut short by
+a killed process is dropped when the file is opened again.
+"""
 
 import json
 import os
@@ -11,7 +16,9 @@ class MetricsWriter:
 
   def __init__(self, workdir: str):
     os.makedirs(workdir, exist_ok=True)
-    self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
+    path = os.path.join(workdir, "metrics.jsonl")
+    _drop_partial_line(path)
+    self._jsonl = open(path, "a", encoding="utf-8")
     self._tensorboard = tensorboardX.SummaryWriter(os.path.join(workdir, "tensorboard"))
 
   def write(self, step: int, split: str, metrics: dict[str, float]) -> None:
@@ -24,3 +31,13 @@ class MetricsWriter:
   def close(self) -> None:
     self._jsonl.close()
     self._tensorboard.close()
+
+
+def _drop_partial_line(path: str) -> None:
+  """Truncates `path` after its last newline (a kill mid-write leaves a partial line)."""
+  if not os.path.exists(path):
+    return
+  with open(path, "rb+") as f:
+    data = f.read()
+    if data and not data.endswith(b"\n"):
+      f.truncate(data.rfind(b"\n") + 1)

@@ -1,0 +1,74 @@
+"""Which config changes a run may resume with.
+
+A checkpoint holds the config it was trained with. Re-running `train.py` on the same workdir
+with an edited config resumes only if the edit leaves the model, its data and its optimiser
+state meaning what they meant: the fields in `SAFE_TO_CHANGE` (how long to train, the
+learning-rate schedule, logging, checkpoint and evaluation cadence, evaluation settings, the
+device mesh, and where data lives) may change; any other difference (shapes, kinds,
+vocabulary, dataset, batch size, seed, optimiser kind, backbone, fine-tuning method) is refused
+with every differing field named, before anything is restored.
+"""
+
+import json
+from typing import Any
+
+import ml_collections
+
+from sparse_jax.validation import ConfigError
+
+# Dotted config paths (a prefix covers its whole section) that may differ on resume.
+SAFE_TO_CHANGE = (
+    "train.steps", "train.lr", "train.warmup_steps", "train.schedule", "train.grad_clip",
+    "train.log_every", "train.eval_every", "train.ckpt_every", "train.keep_checkpoints",
+    "eval", "mesh",
+    "data.data_dir", "data.manual_dir", "data.download", "task.data_dir",
+)
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+  """`{"model.ff.kind": "sigma_moe", ...}` of a nested dict (sub-dicts flattened)."""
+  if not isinstance(tree, dict):
+    return {prefix: tree}
+  flat = {}
+  for key, value in tree.items():
+    flat.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
+  return flat
+
+
+def _as_saved(config: ml_collections.ConfigDict | dict) -> dict:
+  """The config as its checkpoint stores it (JSON: tuples become lists)."""
+  tree = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else config
+  return json.loads(json.dumps(tree))
+
+
+def is_safe(path: str) -> bool:
+  return any(path == safe or path.startswith(safe + ".") for safe in SAFE_TO_CHANGE)
+
+
+def changed_fields(saved: dict | ml_collections.ConfigDict,
+                   current: dict | ml_collections.ConfigDict) -> dict[str, tuple[Any, Any]]:
+  """`{path: (saved value, current value)}` of every leaf that differs (missing: `<absent>`)."""
+  old, new = _flat(_as_saved(saved)), _flat(_as_saved(current))
+  absent = "<absent>"
+  return {path: (old.get(path, absent), new.get(path, absent))
+          for path in sorted(old.keys() | new.keys()) if old.get(path, absent) !=
+          new.get(path, absent)}
+
+
+def check_resumable(saved: dict | ml_collections.ConfigDict,
+                    current: dict | ml_collections.ConfigDict, *, workdir: str,
+                    step: int) -> dict[str, tuple[Any, Any]]:
+  """Returns the safe changes between the config checkpoint `step` of `workdir` was saved with
+  and the current one; raises `ConfigError` naming every other changed field."""
+  changes = changed_fields(saved, current)
+  refused = {path: values for path, values in changes.items() if not is_safe(path)}
+  if refused:
+    listed = "\n".join(f"  {path}: {old!r} in the checkpoint, {new!r} now"
+                       for path, (old, new) in refused.items())
+    raise ConfigError(
+        f"{workdir} holds a run (checkpoint of step {step}) trained with a different config; "
+        f"these fields change the model, its data or its optimiser state, so it cannot resume "
+        f"with them:\n{listed}\nRun with the checkpoint's values to resume, or start fresh "
+        f"with another --workdir (or after deleting {workdir}/checkpoints). Fields that may "
+        f"change on resume: {', '.join(SAFE_TO_CHANGE)}.")
+  return {path: values for path, values in changes.items() if is_safe(path)}
