@@ -15,6 +15,8 @@ import sysconfig
 import numpy as np
 import tensorflow_datasets as tfds
 
+from sparse_jax.data import sources
+
 SPLIT_FRACTIONS = (("train", 0.90), ("validation", 0.05), ("test", 0.05))
 _SKIPPED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 
@@ -76,6 +78,12 @@ class Builtin(tfds.core.GeneratorBasedBuilder):
     by_split = {split: [] for split, _ in SPLIT_FRACTIONS}
     for path in list_sources(self._source_root):
       by_split[split_of(path)].append(path)
+    for split, paths in by_split.items():
+      if not paths:
+        raise sources.BadSourceError(
+            f"builtin: none of the .py files under {self._source_root!r} falls into the {split} "
+            f"split (files go to train/validation/test 90/5/5 by a hash of their path); use a "
+            f"source root with more files (data.source_root, None: this Python's library).")
     return {split: self._generate_examples(paths) for split, paths in by_split.items()}
 
   def _generate_examples(self, relative_paths):

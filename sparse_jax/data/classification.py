@@ -13,7 +13,8 @@ defaults; `TaskConfig` holds those every task has, including `max_len` and `n_tr
 fine-tuning reads.
 
 GLUE is read with TFDS's own `glue.Glue` builder (its real download code; the TFDS name
-lookup `tfds.builder("glue/rte")` needs TensorFlow, the class does not). GLUE's test splits
+lookup `tfds.builder("glue/rte")` needs TensorFlow, the class does not), through
+`glue_builder.Glue`, which refuses rows TFDS would drop. GLUE's test splits
 are unlabelled: their labels are -1 (classification) or -1.0 (STS-B), so they can be predicted
 but not scored here.
 """
@@ -24,10 +25,9 @@ from typing import Literal
 import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
-from tensorflow_datasets.text import glue
 
 from sparse_jax import schema, validation
-from sparse_jax.data import stdlib_packages
+from sparse_jax.data import glue_builder, stdlib_packages
 
 STDLIB_TASK = "stdlib_packages"
 # GLUE config -> (record fields holding the texts, number of classes; 1 is regression).
@@ -147,8 +147,8 @@ class GlueTaskConfig(TaskConfig):
                     is_bytes=False, splits=_MNLI_SPLITS if mnli else _SPLITS)
 
   def builder(self) -> tfds.core.DatasetBuilder:
-    builder = glue.Glue(config=self.name.removeprefix("glue/"), data_dir=self.data_dir,
-                        file_format="array_record")
+    builder = glue_builder.Glue(config=self.name.removeprefix("glue/"),
+                                data_dir=self.data_dir, file_format="array_record")
     if not self.download and not builder.is_prepared():
       raise FileNotFoundError(
           f"{self.name}: no prepared records in {builder.data_dir!r} and task.download is "

@@ -32,21 +32,39 @@ def cut_at_line_breaks(data: bytes, fractions: tuple[float, ...]) -> list[bytes]
   return parts + [data[start:]]
 
 
+# Leading bytes of the compressed formats a text file is most often mistaken for.
+_ARCHIVES = {b"\x1f\x8b": "gzip", b"PK\x03\x04": "zip", b"BZh": "bzip2",
+             b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
+
+
 def _read(path: str, field: str) -> bytes:
+  """The bytes of `path` (config field `data.<field>`), refused if they are not text."""
   if not os.path.isfile(path):
     raise sources.MissingSourceError(
         f"text_files: {path!r} (config field data.{field}) does not exist.")
   with open(path, "rb") as f:
-    return f.read()
+    data = f.read()
+  for magic, kind in _ARCHIVES.items():
+    if data.startswith(magic):
+      raise sources.BadSourceError(
+          f"text_files: {path!r} (data.{field}) is a {kind} archive, not text; decompress it "
+          "and give the text file.")
+  nul = data.find(b"\x00")
+  if nul >= 0:
+    raise sources.BadSourceError(
+        f"text_files: {path!r} (data.{field}) is binary (NUL byte at offset {nul}); "
+        "text_files reads text.")
+  return data
 
 
-def _decode(data: bytes, split: str) -> str:
+def _decode(data: bytes, where: str) -> str:
   try:
     return data.decode("utf-8")
   except UnicodeDecodeError as e:
     raise sources.BadSourceError(
-        f"text_files: the {split} text is not UTF-8 ({e}); SentencePiece needs text, "
-        "data.tokenizer='bytes' reads any file.") from e
+        f"text_files: {where} is not UTF-8 (byte {e.start}: {e.reason}); SentencePiece needs "
+        "UTF-8 text: convert it (e.g. `iconv -t utf-8`), or use data.tokenizer='bytes', which "
+        "reads any bytes.") from e
 
 
 class TextFiles(tfds.core.GeneratorBasedBuilder):
@@ -90,19 +108,34 @@ class TextFiles(tfds.core.GeneratorBasedBuilder):
     return tfds.core.DatasetInfo(builder=self, description=__doc__, features=features,
                                  disable_shuffling=True)
 
+  def _where(self, split: str) -> str:
+    """Where a split's text comes from, for messages."""
+    if self._fractions:
+      return (f"the {split} part of {self._sources['file']!r} (data.split_fractions="
+              f"{self._fractions})")
+    return f"{self._sources[f'{split}_file']!r} (data.{split}_file)"
+
   def _split_bytes(self) -> dict[str, bytes]:
+    """Each split's bytes; an empty split is refused, naming its source."""
     if self._fractions:
       parts = cut_at_line_breaks(_read(self._sources["file"], "file"), self._fractions)
-      return dict(zip(SPLIT_NAMES, parts))
-    return {split: _read(self._sources[f"{split}_file"], f"{split}_file")
-            for split in SPLIT_NAMES}
+      data = dict(zip(SPLIT_NAMES, parts))
+    else:
+      data = {split: _read(self._sources[f"{split}_file"], f"{split}_file")
+              for split in SPLIT_NAMES}
+    for split, part in data.items():
+      if not part:
+        hint = (" (cuts move to the next line break: the text needs line breaks)"
+                if self._fractions else "")
+        raise sources.BadSourceError(f"text_files: {self._where(split)} is empty{hint}.")
+    return data
 
   def _split_generators(self, dl_manager):
     del dl_manager  # The user's files are local.
     data = self._split_bytes()
     if self._tokenizer == "bytes":
       return {split: self._byte_examples(part) for split, part in data.items()}
-    lines = {split: _decode(part, split).splitlines(keepends=True)
+    lines = {split: _decode(part, self._where(split)).splitlines(keepends=True)
              for split, part in data.items()}
     tokenizer = sentencepiece_tokenizer.train(
         lines["train"], self._vocab_size,

@@ -13,6 +13,7 @@ from flax import nnx
 
 from sparse_jax import data, parallel, schema, validation
 from sparse_jax.data.datasets import DataConfig
+from sparse_jax.data.sources import BadSourceError
 from sparse_jax.models.accounting import model_report
 from sparse_jax.models.lm import LMConfig, TransformerLM
 from sparse_jax.models.xl_memory import XLMemory
@@ -70,6 +71,19 @@ def make_evaluator(config: LMExperiment, model: TransformerLM,
                    placement=placement)
 
 
+def _require_one_segment(n_tokens: int, cfg: DataConfig, split: str, batch_size: int,
+                         batch_field: str) -> None:
+  """Raises `BadSourceError` unless a split fills one segment of `batch_size` streams
+  (`lm_stream`: each stream needs seq_len + 1 tokens), before any step runs."""
+  needed = batch_size * (cfg.seq_len + 1)
+  if n_tokens < needed:
+    raise BadSourceError(
+        f"the {split} split of data.name={cfg.name!r} has {n_tokens} tokens, fewer than one "
+        f"segment needs: {batch_field}={batch_size} streams of data.seq_len + 1 = "
+        f"{cfg.seq_len + 1} tokens ({needed}). Give more text, or lower {batch_field} or "
+        f"data.seq_len.")
+
+
 class LanguageModelTask(Task):
   """Next-token prediction; the loss is the mean cross-entropy plus the FF regularisers."""
 
@@ -97,7 +111,11 @@ class LanguageModelTask(Task):
   def load_data(self, placement: Placement):
     cfg = self.typed.data
     self._valid = data.load_split(cfg, "validation")
-    return data.train_iterator(data.load_tokens(cfg, "train"), cfg.batch_size, cfg.seq_len,
+    train_tokens = data.load_tokens(cfg, "train")
+    _require_one_segment(len(train_tokens), cfg, "train", cfg.batch_size, "data.batch_size")
+    _require_one_segment(len(self._valid.tokens), cfg, "validation", self.typed.eval.batch_size,
+                         "eval.batch_size")
+    return data.train_iterator(train_tokens, cfg.batch_size, cfg.seq_len,
                                placement.data_shard(cfg.batch_size))
 
   def build(self, placement: Placement):
