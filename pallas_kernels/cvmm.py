@@ -23,6 +23,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pallas_kernels import backends
 from pallas_kernels import gather_oracle
@@ -106,6 +107,12 @@ def _check_inputs(x, sel, w, gates) -> None:
     raise ValueError(f"x must be a floating array, got {x.dtype}")
   if w.dtype != x.dtype:
     raise ValueError(f"w must have the dtype of x ({x.dtype}), got {w.dtype}")
+  if not isinstance(sel, jax.core.Tracer):  # Concrete ids (eager calls) are checked; traced
+    ids = np.asarray(sel)  # ones are clipped.
+    lo, hi = int(ids.min(initial=0)), int(ids.max(initial=0))
+    if lo < 0 or hi >= num_experts:
+      raise ValueError(f"sel must hold expert ids in [0, {num_experts}) for w {w.shape}, got "
+                       f"ids from {lo} to {hi}")
   if gates is not None:
     if gates.shape != sel.shape:
       raise ValueError(f"gates must have the shape of sel {sel.shape}, got {gates.shape}")
@@ -119,7 +126,8 @@ def cvmm(x: jax.Array, sel: jax.Array, w: jax.Array, gates: jax.Array | None = N
 
   Args:
     x: [N, M] token rows shared by their k slots, or [N, k, M] one row per slot.
-    sel: [N, k] integer expert ids in [0, E) (ids outside are clipped, as indexing would).
+    sel: [N, k] integer expert ids in [0, E). Concrete ids outside raise ValueError; under
+      jit (traced ids) they are clipped into [0, E), as indexing would, by every impl.
     w: [E, M, L] expert weights, same dtype as x (float32 or bfloat16).
     gates: optional [N, k] weights of the k slots, summed into one output row per token.
     impl: "pallas" (Triton kernels on GPU, interpret mode elsewhere), "mosaic" (Mosaic GPU
@@ -131,7 +139,11 @@ def cvmm(x: jax.Array, sel: jax.Array, w: jax.Array, gates: jax.Array | None = N
 
   Returns:
     [N, k, L] without gates, [N, L] with gates, in the dtype of x (f32 accumulation).
-    Differentiable in x, w and gates.
+    Differentiable in x, w and gates. Non-finite values stay where they belong: a NaN in
+    token n's row of x reaches only token n's outputs, and one in expert e's weights only the
+    slots routed to e (nothing is checked for NaN, which would cost a sync). Exception:
+    "ragged" on CPU, whose `ragged_dot` lowering multiplies every row by every expert,
+    spreads a NaN weight w[e, m, l] to output column l of every token.
   """
   backends.check_impl(impl)
   _check_inputs(x, sel, w, gates)

@@ -2,6 +2,7 @@
 
 from typing import ClassVar
 
+import jax
 from flax import nnx
 
 
@@ -15,3 +16,12 @@ class FeedForward(nnx.Module):
   """
 
   has_sparse_decode: ClassVar[bool] = False
+
+  def token_rows(self, x: jax.Array, d_model: int) -> jax.Array:
+    """`x [..., d_model]` as token rows `[N, d_model]`; raises `ValueError` naming the layer
+    if its last axis is not `d_model` (a bare reshape would fold a wrong width into other
+    rows without an error)."""
+    if x.ndim < 1 or x.shape[-1] != d_model:
+      raise ValueError(f"{type(self).__name__}: x must have shape [..., d_model={d_model}], "
+                       f"got {x.shape}")
+    return x.reshape(-1, d_model)

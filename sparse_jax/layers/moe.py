@@ -74,7 +74,7 @@ class MoE(FeedForward):
     self.rngs = rngs["dropout"].fork()
 
   def __call__(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
-    x_nd = x.reshape(-1, self.d_model)
+    x_nd = self.token_rows(x, self.d_model)
     r = self.router(x_nd, seq_len=x.shape[-2] if x.ndim > 1 else 1)
     dtype = x.dtype
     dropout = self.expert_hidden_dropout > 0 and not self.deterministic

@@ -117,7 +117,7 @@ class PKM(FeedForward):
 
   def __call__(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
     dtype = x.dtype
-    x_nd = x.reshape(-1, self.d_model)
+    x_nd = self.token_rows(x, self.d_model)
     half = self.d_model // 2
     keys = self.sub_keys[...].astype(dtype)
     scores_a = jnp.einsum("nd,hsd->nhs", x_nd[:, :half], keys[:, 0],

@@ -206,7 +206,7 @@ class SpartanMemory(FeedForward):
 
   def __call__(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
     y_nd, ids_nk = spartan_memory(
-        x.reshape(-1, self.d_model), self.parents[...], self.child_keys[...],
+        self.token_rows(x, self.d_model), self.parents[...], self.child_keys[...],
         self.child_values[...], top_k=self.top_k, temperature=self.temperature,
         read=self.read)
     usage_p = jnp.zeros((self.n_parents,), jnp.int32).at[ids_nk].add(1)
