@@ -24,6 +24,7 @@ import grain
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 from absl import logging
 from flax import nnx
 
@@ -188,18 +189,22 @@ class Checkpointer:
     return None
 
   def _set_aside(self, step: int, error: BaseException, fallback: int) -> None:
-    """Moves broken step `step` out of the checkpoint directory, keeping its files."""
-    source = os.path.join(checkpoint_dir(self._workdir), str(step))
-    target = os.path.join(broken_dir(self._workdir), str(step))
-    suffix = 1
-    while os.path.exists(target):
-      target = os.path.join(broken_dir(self._workdir), f"{step}.{suffix}")
-      suffix += 1
-    os.makedirs(broken_dir(self._workdir), exist_ok=True)
-    shutil.move(source, target)
+    """Moves broken step `step` out of the checkpoint directory, keeping its files. Every
+    process found it broken (they read the same files); the first moves it, and all wait for
+    that before listing the steps again, so that they agree on which steps exist."""
+    if jax.process_index() == 0:
+      target = os.path.join(broken_dir(self._workdir), str(step))
+      suffix = 1
+      while os.path.exists(target):
+        target = os.path.join(broken_dir(self._workdir), f"{step}.{suffix}")
+        suffix += 1
+      os.makedirs(broken_dir(self._workdir), exist_ok=True)
+      shutil.move(os.path.join(checkpoint_dir(self._workdir), str(step)), target)
+      logging.warning("The checkpoint of step %d does not read back (%s); moved it to %s and "
+                      "resuming from step %d.", step, _summary(error), target, fallback)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices(f"set_aside_checkpoint_{step}")
     self._manager.reload()
-    logging.warning("The checkpoint of step %d does not read back (%s); moved it to %s and "
-                    "resuming from step %d.", step, _summary(error), target, fallback)
 
   def restore_params(self, step: int, model: nnx.Module) -> None:
     """Restores only the model's saved variables (for evaluation, or onto a backbone)."""
