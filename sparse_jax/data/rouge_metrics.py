@@ -25,8 +25,6 @@ Choices, as T5 and the scorer's documentation make them:
 
 from typing import Sequence
 
-from rouge_score import rouge_scorer
-
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 
 
@@ -40,6 +38,8 @@ def rouge_scores(predictions: Sequence[str], references: Sequence[str]) -> dict[
                      f"{len(predictions)} predictions and {len(references)} references.")
   if not predictions:
     raise ValueError("rouge_scores needs at least one prediction and reference.")
+  # Imported here: rouge_score imports nltk (about 2 s), which every train.py start would pay.
+  from rouge_score import rouge_scorer  # pylint: disable=import-outside-toplevel
   scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True, split_summaries=False)
   totals = dict.fromkeys(ROUGE_TYPES, 0.0)
   for prediction, reference in zip(predictions, references):
