@@ -15,6 +15,7 @@ Re-running with the same workdir resumes from its latest checkpoint.
 import logging as std_logging
 import os
 import sys
+import warnings
 
 import jax
 from absl import app, flags, logging
@@ -117,9 +118,12 @@ def main(argv):
           CheckpointRestoreError) as e:
     sys.exit(f"train.py: {e}")
   except CheckpointWriteError as e:
-    # Orbax's failed write tasks, reported in `e`, would be logged again as "exception never
-    # retrieved" tracebacks when they are garbage-collected at exit.
+    # Orbax's failed write tasks, reported in `e`, would be reported again when they are
+    # garbage-collected at exit: as "exception never retrieved" tracebacks and as "coroutine
+    # was never awaited" warnings.
     std_logging.getLogger("asyncio").setLevel(std_logging.CRITICAL)
+    warnings.filterwarnings("ignore", message="coroutine .* was never awaited",
+                            category=RuntimeWarning)
     sys.exit(f"train.py: {e}")
   if jax.process_index() == 0:
     print(f"final ({workdir}): {format_metrics(final)}")

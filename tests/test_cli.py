@@ -1,21 +1,21 @@
-"""train.py and eval.py as a user runs them: flags, config overrides, outputs, errors."""
+"""train.py and eval.py as a user runs them: flags, config overrides, outputs, errors.
+(train.py's training runs from the command line are in test_cli_recipes.py.)"""
 
 import json
 import os
-import subprocess
-import sys
+
+from cli_testing import ONE_DEVICE, cli_config, run_script
+
+from sparse_jax.training.loop import train_and_evaluate
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run(args, cwd=REPO):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
-                        text=True, timeout=600)
+def run(args):
+  return run_script(*args, session_devices=True)
 
 
 def test_train_then_eval_from_the_command_line(stdlib_slice, tmp_path):
+  """Trains in-process for train.py's flags (its command-line runs are test_cli_recipes.py's),
+  then evaluates the checkpoint with eval.py as a user runs it."""
   workdir = str(tmp_path / "run")
   overrides = [
       f"--config.data.source_root={stdlib_slice}", f"--config.data.data_dir={tmp_path / 'tfds'}",
@@ -24,10 +24,9 @@ def test_train_then_eval_from_the_command_line(stdlib_slice, tmp_path):
       "--config.model.ff.n_experts=4", "--config.model.ff.expert_size=8",
       "--config.train.steps=4", "--config.train.warmup_steps=1",
       "--config.train.log_every=2", "--config.train.ckpt_every=4", "--config.eval.batch_size=2",
-      "--config.eval.mem_len=32", "--config.eval.max_batches=2"]
-  trained = run(["train.py", "--config=configs/default.py", f"--workdir={workdir}", *overrides])
-  assert trained.returncode == 0, trained.stderr[-3000:]
-  assert "bits_per_byte=" in trained.stdout
+      "--config.eval.mem_len=32", "--config.eval.max_batches=2", *ONE_DEVICE]
+  trained = train_and_evaluate(cli_config("--config=configs/default.py", *overrides), workdir)
+  assert trained["step"] == 4 and trained["bits_per_byte"] > 0
   evaluated = run(["eval.py", f"--workdir={workdir}", "--split=test", "--max_batches=3"])
   assert evaluated.returncode == 0, evaluated.stderr[-3000:]
   with open(os.path.join(workdir, "eval_test_4.json")) as f:
@@ -37,9 +36,12 @@ def test_train_then_eval_from_the_command_line(stdlib_slice, tmp_path):
 
 
 def test_eval_on_an_empty_workdir_says_so(tmp_path):
+  """One line naming the directory and what to do; nothing created there."""
   result = run(["eval.py", f"--workdir={tmp_path}"])
   assert result.returncode != 0
-  assert "no checkpoint in" in result.stderr and "Traceback" not in result.stderr
+  assert result.stderr.startswith("eval.py: no checkpoint in") and "train.py" in result.stderr
+  assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+  assert os.listdir(tmp_path) == []
 
 
 def test_train_rejects_a_bad_override_naming_the_field(tmp_path):

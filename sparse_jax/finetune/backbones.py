@@ -61,7 +61,7 @@ def backbone_model_config(cfg) -> ml_collections.ConfigDict:
   cfg = parse(cfg)
   if cfg.kind == "hf_roberta":
     return hf_roberta.encoder_config(cfg.path)
-  checkpointer = Checkpointer(cfg.path)
+  checkpointer = Checkpointer(cfg.path, read_only=True)
   try:
     return checkpointer.restore_config(_saved_step(checkpointer, cfg)).model
   finally:
@@ -70,7 +70,7 @@ def backbone_model_config(cfg) -> ml_collections.ConfigDict:
 
 def _lm_checkpoint(cfg: BackboneConfig):
   """The saved `model` section and a `TransformerLM` holding the checkpoint's parameters."""
-  checkpointer = Checkpointer(cfg.path)
+  checkpointer = Checkpointer(cfg.path, read_only=True)
   try:
     step = _saved_step(checkpointer, cfg)
     model_cfg = checkpointer.restore_config(step).model

@@ -72,14 +72,31 @@ def _summary(error: BaseException, keep: int = 200) -> str:
   return f"{type(error).__name__}: {text}"
 
 
+def _await_leftover_cleanup(manager: ocp.CheckpointManager) -> None:
+  """Waits for the removal of a killed run's temporary directories, which Orbax starts in a
+  thread when the manager is created and awaits only in its first `save` (not in `close`,
+  orbax-checkpoint 0.12): a run stopping before it saves (a refused config, a broken
+  checkpoint) would otherwise leave the thread to fail at interpreter exit, printing a
+  traceback after the run's own message."""
+  cleanup = getattr(manager, "_cleanup_tmp_directory_future", None)
+  if cleanup is not None:
+    cleanup.result()
+
+
 class Checkpointer:
   """Saves and restores training runs; never deletes the last good checkpoint."""
 
-  def __init__(self, workdir: str, *, max_to_keep: int = 3, params: ParamsItem = ParamsItem()):
-    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
-                                           cleanup_tmp_directories=True)
+  def __init__(self, workdir: str, *, max_to_keep: int = 3, params: ParamsItem = ParamsItem(),
+               read_only: bool = False):
+    """`read_only`: for evaluation and loading, which may run beside the training run that
+    writes `workdir`: nothing is created, and the temporary directory of a save in flight is
+    left alone (a writer removes a killed run's leftovers when it starts)."""
+    # (Not Orbax's own `read_only`, which logs a warning on every use.)
+    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=not read_only,
+                                           cleanup_tmp_directories=not read_only)
     self._workdir = workdir
     self._manager = ocp.CheckpointManager(checkpoint_dir(workdir), options=options)
+    _await_leftover_cleanup(self._manager)
     self._params = params
     self._writing: int | None = None  # The step of the save in flight, if any.
 

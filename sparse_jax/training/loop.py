@@ -82,13 +82,11 @@ class Run:
     task.check_mesh(placement)
     self.checkpointer = Checkpointer(workdir, max_to_keep=train_cfg.keep_checkpoints,
                                      params=task.checkpoint_params)
-    self.checkpointer.check_resume(self.config)
-    self.model, self.optimizer = task.build(placement)
-    self.data_iterator = task.load_data(placement)
-    self.carry = task.init_carry(self.model, placement)
-    restored = self.checkpointer.restore_latest(
-        model=self.model, optimizer=self.optimizer, data_iterator=self.data_iterator,
-        extras=task.checkpoint_extras(self.carry))
+    try:
+      restored = self._build_and_restore()
+    except BaseException:
+      self.checkpointer.close()
+      raise
     self.start = 0
     if restored:
       self.start, extras = restored
@@ -101,6 +99,18 @@ class Run:
                      parallel.replicated(mesh))
     self.train_step = make_train_step(self.graphdef, task.loss, seed=task.typed.seed,
                                       wrt=task.trainable, out_shardings=out_shardings)
+
+  def _build_and_restore(self) -> tuple[int, dict] | None:
+    """Checks the config may resume, builds the task's objects and restores the newest
+    checkpoint that reads back (`Checkpointer.restore_latest`)."""
+    task, placement = self.task, self.placement
+    self.checkpointer.check_resume(self.config)
+    self.model, self.optimizer = task.build(placement)
+    self.data_iterator = task.load_data(placement)
+    self.carry = task.init_carry(self.model, placement)
+    return self.checkpointer.restore_latest(
+        model=self.model, optimizer=self.optimizer, data_iterator=self.data_iterator,
+        extras=task.checkpoint_extras(self.carry))
 
   def step(self, step: int) -> dict[str, jax.Array]:
     """Runs training step `step` (0-based); returns its metrics, still on device."""

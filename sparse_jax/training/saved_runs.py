@@ -18,7 +18,7 @@ class NoCheckpointError(FileNotFoundError):
 def saved_config(workdir: str, step: int | None = None
                  ) -> tuple[int, ml_collections.ConfigDict]:
   """`(step, config)` of checkpoint `step` (default: the latest) in `workdir`."""
-  checkpointer = Checkpointer(workdir)
+  checkpointer = Checkpointer(workdir, read_only=True)
   try:
     steps = checkpointer.all_steps()
     if not steps:

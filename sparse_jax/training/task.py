@@ -72,7 +72,7 @@ class Task(abc.ABC):
     """`new_model(placement)` with step `step`'s saved variables of `workdir` put in it
     (fine-tuning: the trainable part on the backbone), in eval mode."""
     model = self.new_model(placement)
-    checkpointer = Checkpointer(workdir, params=self.checkpoint_params)
+    checkpointer = Checkpointer(workdir, params=self.checkpoint_params, read_only=True)
     try:
       checkpointer.restore_params(step, model)
     finally:

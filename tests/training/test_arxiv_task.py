@@ -1,16 +1,17 @@
-"""`configs/terraformer_arxiv.py` trains through `train.py` on a test-made archive in the
+"""`configs/terraformer_arxiv.py` trains (with train.py's flags) on a test-made archive in the
 official format, and `eval.py` writes the ROUGE F1 of its greedy summaries."""
 
 import json
 import os
 
 import pytest
+from cli_testing import ONE_DEVICE, cli_config, run_script
 
 from configs import terraformer_arxiv
 from sparse_jax.data import rouge_metrics
+from sparse_jax.training.loop import train_and_evaluate
 from sparse_jax.training.tasks import Seq2SeqTask, task_class, validate_config
 from tests import arxiv_testing
-from tests.training.test_seq2seq_task import run
 
 TINY = ["--config=configs/terraformer_arxiv.py:small", "--config.model.d_model=32",
         "--config.model.n_heads=2", "--config.model.attention_sparsity=2",
@@ -20,18 +21,22 @@ TINY = ["--config=configs/terraformer_arxiv.py:small", "--config.model.d_model=3
         "--config.data.max_input_len=40", "--config.data.max_target_len=12",
         "--config.data.download=False", "--config.data.batch_size=2",
         "--config.eval.batch_size=2", "--config.eval.max_batches=1",
-        "--config.eval.max_examples=2", "--config.train.log_every=1", "--config.train.steps=2"]
+        "--config.eval.max_examples=2", "--config.train.log_every=1", "--config.train.steps=2",
+        *ONE_DEVICE]
 
 
 def test_train_then_eval_writes_rouge(tmp_path):
+  """Trains in-process from the flags (compiling into the session's cache, which eval.py
+  reuses); `eval.py` then scores the test split from the command line."""
   manual_dir = arxiv_testing.write_archive(arxiv_testing.random_papers(), tmp_path)
   data_dir = tmp_path / "tfds"
   arxiv_testing.prepare(data_dir, manual_dir)
   workdir = str(tmp_path / "run")
   data_flags = [f"--config.data.data_dir={data_dir}", f"--config.data.manual_dir={manual_dir}"]
-  result = run("train.py", f"--workdir={workdir}", *TINY, *data_flags)
-  assert "step=2" in result.stdout and "rougeLsum=" in result.stdout
-  result = run("eval.py", f"--workdir={workdir}", "--split=test")
+  final = train_and_evaluate(cli_config(*TINY, *data_flags), workdir)
+  assert final["step"] == 2 and all(0.0 <= final[t] <= 100.0 for t in rouge_metrics.ROUGE_TYPES)
+  result = run_script("eval.py", f"--workdir={workdir}", "--split=test", session_devices=True)
+  assert result.returncode == 0, result.stderr[-4000:]
   with open(os.path.join(workdir, "eval_test_2.json"), encoding="utf-8") as f:
     scores = json.load(f)
   for rouge_type in rouge_metrics.ROUGE_TYPES:

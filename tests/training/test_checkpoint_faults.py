@@ -119,6 +119,23 @@ def test_no_readable_step_is_an_error_naming_each_and_moves_nothing(trained, tmp
   assert open(os.path.join(workdir, "metrics.jsonl")).read() == lines_before  # not started
 
 
+def test_readers_change_nothing_in_a_run_being_written(trained, tmp_path):
+  """Evaluation and loading may run beside training: a save in flight (its temporary
+  directory) is left alone, and a missing workdir is not created."""
+  workdir = _copy(trained, tmp_path)
+  in_flight = os.path.join(workdir, "checkpoints", "9.orbax-checkpoint-tmp-1234")
+  os.makedirs(os.path.join(in_flight, "params"))
+  reader = Checkpointer(workdir, read_only=True)
+  assert reader.all_steps() == [3, 6]
+  reader.close()
+  assert os.path.isdir(os.path.join(in_flight, "params"))
+  missing = str(tmp_path / "missing")
+  assert Checkpointer(missing, read_only=True).all_steps() == []
+  assert not os.path.exists(missing)
+  Checkpointer(workdir).close()  # A writer starting there removes the leftover.
+  assert not os.path.exists(in_flight)
+
+
 def test_a_full_disk_during_a_save_stops_with_the_last_step_intact(trained, tmp_path,
                                                                     monkeypatch):
   """A failing writer: every file Orbax writes for step 6 fails with ENOSPC."""
@@ -146,7 +163,8 @@ def test_train_py_stops_cleanly_when_a_save_exceeds_the_file_size_limit(stdlib_s
                                                                          tmp_path):
   """A real write error from the OS: from the save of step 4 on, files may not exceed 8 KB
   (RLIMIT_FSIZE), smaller than the parameter files; metrics lines still fit. train.py exits
-  with one message, step 2 intact; run again without the limit, it resumes from step 2."""
+  with one message, step 2 intact; run again with a changed model, it refuses in one line;
+  run again as before without the limit, it resumes from step 2."""
   flags = [f"--workdir={tmp_path / 'run'}", f"--config.data.source_root={stdlib_slice}",
            f"--config.data.data_dir={tmp_path / 'tfds'}", "--config.data.batch_size=4",
            "--config.data.seq_len=16", "--config.model.d_model=32", "--config.model.n_layers=2",
@@ -166,6 +184,15 @@ def test_train_py_stops_cleanly_when_a_save_exceeds_the_file_size_limit(stdlib_s
   assert last.startswith("train.py: writing the checkpoint of step 4"), failed.stderr[-3000:]
   assert "File too large" in last and "step 2, is intact" in last, last
   assert Checkpointer(str(tmp_path / "run")).all_steps() == [2]
+
+  # Resuming with a model change: refused naming the field, before any work; the message is
+  # all that is printed.
+  refused = subprocess.run([*command, "--config.model.d_model=64"], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=600)
+  assert refused.returncode == 1 and refused.stderr.startswith("train.py: "), refused.stderr
+  assert "model.d_model: 32 in the checkpoint, 64 now" in refused.stderr
+  last = refused.stderr.strip().splitlines()[-1]
+  assert last.startswith("Run with the checkpoint's values"), refused.stderr
 
   resumed = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
                            timeout=600)

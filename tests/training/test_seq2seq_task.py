@@ -1,20 +1,22 @@
-"""The seq2seq task: a Terraformer config trains through `train.py`, resumes, and `eval.py`
-scores a split by greedy decoding; bad configs name the field before anything is built."""
+"""The seq2seq task: a Terraformer config trains, resumes through `train.py`, and a saved
+checkpoint scores a split by greedy decoding (what `eval.py` runs); bad configs name the field
+before anything is built."""
 
 import json
 import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest
+from cli_testing import ONE_DEVICE, cli_config, run_script
 
 from configs import terraformer_arithmetic
 from sparse_jax.data import arithmetic
+from sparse_jax.training.evaluate_checkpoint import evaluate_checkpoint
+from sparse_jax.training.loop import train_and_evaluate
 from sparse_jax.training.tasks import Seq2SeqTask, task_class, validate_config
 from sparse_jax.validation import ConfigError
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["--config=configs/terraformer_arithmetic.py:add", "--config.model.d_model=32",
         "--config.model.n_heads=2", "--config.model.n_encoder_layers=1",
         "--config.model.n_decoder_layers=1", "--config.model.ff.d_ff=64",
@@ -22,32 +24,33 @@ TINY = ["--config=configs/terraformer_arithmetic.py:add", "--config.model.d_mode
         "--config.data.batch_size=4", "--config.data.train_max_len=8",
         "--config.data.test_min_len=10", "--config.data.test_max_len=12",
         "--config.data.n_eval=8", "--config.eval.batch_size=4", "--config.eval.max_batches=1",
-        "--config.eval.max_examples=4", "--config.train.log_every=1"]
+        "--config.eval.max_examples=4", "--config.train.log_every=1", *ONE_DEVICE]
 
 
 def run(script: str, *args: str) -> subprocess.CompletedProcess:
-  """Runs `script` on CPU. It inherits the session's compilation cache (conftest), so a
-  resumed run and eval.py reuse what the first run compiled."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS="true")
-  result = subprocess.run([sys.executable, script, *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+  """`script` run as a user runs it, reusing what the test compiled in-process."""
+  result = run_script(script, *args, session_devices=True)
   assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
   return result
 
 
 def test_train_resume_and_eval_on_the_long_test_split(tmp_path):
+  """The first two steps train in-process (compiling into the session's cache); `train.py`
+  resumes from their checkpoint; the checkpoint is evaluated as `eval.py` does."""
   workdir = str(tmp_path / "run")
-  run("train.py", f"--workdir={workdir}", *TINY, "--config.train.steps=2")
+  train_and_evaluate(cli_config(*TINY, "--config.train.steps=2"), workdir)
   result = run("train.py", f"--workdir={workdir}", *TINY, "--config.train.steps=3")
   assert "step=3" in result.stdout and "per_digit_accuracy=" in result.stdout
   with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
     steps = [r["step"] for r in map(json.loads, f) if r["split"] == "train"]
   assert steps == [1, 2, 3]  # The second run resumed after step 2.
-  result = run("eval.py", f"--workdir={workdir}", "--split=test")
-  with open(os.path.join(workdir, "eval_test_3.json"), encoding="utf-8") as f:
+  results, path = evaluate_checkpoint(workdir, split="test")
+  assert path == os.path.join(workdir, "eval_test_3.json")
+  with open(path, encoding="utf-8") as f:
     scores = json.load(f)
+  assert scores == json.loads(json.dumps(results)) and scores["step"] == 3
   assert 0.0 <= scores["per_digit_accuracy"] <= 1.0 and np.isfinite(scores["ce"])
-  assert "sequence_accuracy" in scores and "per_digit_accuracy=" in result.stdout
+  assert "sequence_accuracy" in scores
 
 
 def test_terraformer_configs_pick_the_seq2seq_task():
