@@ -13,6 +13,9 @@ import glue_testing
 from lm_testing import tiny_lm_config
 
 # Compile time dominates small JAX tests; these tests check semantics, not XLA's optimiser.
+# Through the environment, the processes the tests start (train.py, the notebook's kernel)
+# compile the same way.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "true")
 jax.config.update("jax_disable_most_optimizations", True)
 # And the tests compile the same tiny models many times over: one persistent compilation cache
 # per session, shared by the xdist workers and (through the environment) by the train.py /
@@ -23,8 +26,10 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                  float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+jax.config.update("jax_persistent_cache_min_entry_size_bytes",
+                  int(os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"]))
 # Eight simulated CPU devices for the mesh tests; everything else runs on the first one.
 jax.config.update("jax_num_cpu_devices", 8)
 
@@ -33,6 +38,13 @@ jax.config.update("jax_num_cpu_devices", 8)
 # the end while the other worker idles; started first, they overlap with the short ones.
 _LONG_TESTS_FIRST = ("tests/training/", "tests/test_cli.py", "tests/test_gpu_suite_smoke.py",
                      "tests/test_scaling_benchmark_smoke.py")
+
+
+def pytest_addoption(parser):
+  parser.addoption(
+      "--fault-kills", type=int, default=1, metavar="N",
+      help="random SIGKILLs per run in tests/training/test_kill_resume.py, after its chosen "
+           "ones (default 1, to keep the suite quick; 30 for a long run)")
 
 
 def pytest_collection_modifyitems(items):

@@ -5,9 +5,9 @@ a tiny backbone).
 
 Each run is killed first at chosen points inside its checkpoint saves (tests/fault_injection.py:
 one item of a step written but not the step; every item written but the step not renamed into
-place; an old step half deleted), then `SPARSE_JAX_FAULT_KILLS` times (default 2, to keep the
-suite quick; `SPARSE_JAX_FAULT_KILLS=30 python -m pytest -s tests/training/test_kill_resume.py`
-for a long run) at random moments: one in five during start-up (a time drawn uniformly before
+place; an old step half deleted), then `--fault-kills` times (default 1, to keep the suite
+quick; `python -m pytest -s tests/training/test_kill_resume.py --fault-kills=30` for a long
+run) at random moments: one in five during start-up (a time drawn uniformly before
 training began in the uninterrupted run), the others during training, a random time of up to
 a second after a random step has been logged, with every save slowed by half a second so that
 many land inside one; then it runs to the end. `-s` prints where each kill landed. All runs use
@@ -28,7 +28,6 @@ from sparse_jax.training.loop import train_and_evaluate
 from lm_testing import tiny_lm_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-RANDOM_KILLS = int(os.environ.get("SPARSE_JAX_FAULT_KILLS", "2"))
 STEPS, CKPT_EVERY = 16, 2
 # (point, step) of tests/fault_injection.py's FAULT_KILL, in the order a run reaches them.
 CHOSEN_KILLS = (("item", 2), ("commit", 4), ("delete", 6))
@@ -87,7 +86,8 @@ def _latest_checkpoint(workdir) -> int:
   return max((int(n) for n in os.listdir(root) if n.isdigit()), default=0)
 
 
-def kill_and_resume(workdir, flags, startup_s: float, rng: random.Random) -> dict:
+def kill_and_resume(workdir, flags, startup_s: float, rng: random.Random,
+                    random_kills: int) -> dict:
   """The kill sequence of the module docstring; returns what happened, for the log."""
   log = {"chosen": [], "random": []}
   for point, step in CHOSEN_KILLS:
@@ -98,7 +98,7 @@ def kill_and_resume(workdir, flags, startup_s: float, rng: random.Random) -> dic
     if point != "delete":
       assert str(step) not in os.listdir(os.path.join(workdir, "checkpoints"))
     log["chosen"].append(f"{point}@{step}")
-  for _ in range(RANDOM_KILLS):
+  for _ in range(random_kills):
     proc, _ = _train(workdir, flags, FAULT_SAVE_DELAY=0.5)
     done, seen = _latest_checkpoint(workdir), len(_train_lines(workdir))
     if done >= STEPS - 1 or rng.random() < 0.2:
@@ -136,11 +136,16 @@ def reference_run(workdir, flags) -> float:
   return began
 
 
-def test_language_model_survives_sigkill_anywhere(stdlib_slice, tmp_path):
+@pytest.fixture
+def random_kills(request) -> int:
+  return request.config.getoption("--fault-kills")
+
+
+def test_language_model_survives_sigkill_anywhere(stdlib_slice, tmp_path, random_kills):
   flags = [f"--config.data.source_root={stdlib_slice}",
            f"--config.data.data_dir={tmp_path / 'tfds'}", *TINY_LM, *SCHEDULE]
   startup_s = reference_run(tmp_path / "reference", flags)
-  log = kill_and_resume(tmp_path / "killed", flags, startup_s, random.Random(0))
+  log = kill_and_resume(tmp_path / "killed", flags, startup_s, random.Random(0), random_kills)
   print(json.dumps(log))
   assert_same_final_state(tmp_path / "killed", tmp_path / "reference",
                           ("params", "opt_state", "memory"))
@@ -155,7 +160,7 @@ def backbone(stdlib_slice, tmp_path_factory):
   return str(root / "run")
 
 
-def test_finetuning_survives_sigkill_anywhere(backbone, tmp_path):
+def test_finetuning_survives_sigkill_anywhere(backbone, tmp_path, random_kills):
   flags = ["--config=configs/spartan_stdlib.py", f"--config.backbone.path={backbone}",
            "--config.task.packages=('asyncio','unittest')",
            f"--config.task.data_dir={tmp_path / 'tfds'}", "--config.task.snippet_bytes=32",
@@ -164,7 +169,7 @@ def test_finetuning_survives_sigkill_anywhere(backbone, tmp_path):
            "--config.train.batch_size=2", "--config.eval.batch_size=4",
            "--config.eval.max_examples=4", *SCHEDULE]
   startup_s = reference_run(tmp_path / "reference", flags)
-  log = kill_and_resume(tmp_path / "killed", flags, startup_s, random.Random(1))
+  log = kill_and_resume(tmp_path / "killed", flags, startup_s, random.Random(1), random_kills)
   print(json.dumps(log))
   assert_same_final_state(tmp_path / "killed", tmp_path / "reference",
                           ("trainable", "opt_state"))

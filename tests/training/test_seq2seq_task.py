@@ -9,6 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 from cli_testing import ONE_DEVICE, cli_config, run_script
+from training_testing import patch_step, sigterm_at
 
 from configs import terraformer_arithmetic
 from sparse_jax.data import arithmetic
@@ -34,12 +35,16 @@ def run(script: str, *args: str) -> subprocess.CompletedProcess:
   return result
 
 
-def test_train_resume_and_eval_on_the_long_test_split(tmp_path):
-  """The first two steps train in-process (compiling into the session's cache); `train.py`
-  resumes from their checkpoint; the checkpoint is evaluated as `eval.py` does."""
+def test_train_resume_and_eval_on_the_long_test_split(tmp_path, monkeypatch):
+  """The first two of three steps train in-process (compiling into the session's cache), then
+  stop as on SIGTERM; `train.py` resumes from their checkpoint (reusing the compiled step);
+  the checkpoint is evaluated as `eval.py` does."""
   workdir = str(tmp_path / "run")
-  train_and_evaluate(cli_config(*TINY, "--config.train.steps=2"), workdir)
-  result = run("train.py", f"--workdir={workdir}", *TINY, "--config.train.steps=3")
+  flags = [*TINY, "--config.train.steps=3"]
+  with monkeypatch.context() as m:
+    patch_step(m, sigterm_at(1))
+    assert train_and_evaluate(cli_config(*flags), workdir)["step"] == 2
+  result = run("train.py", f"--workdir={workdir}", *flags)
   assert "step=3" in result.stdout and "per_digit_accuracy=" in result.stdout
   with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
     steps = [r["step"] for r in map(json.loads, f) if r["split"] == "train"]
