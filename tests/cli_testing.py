@@ -25,7 +25,7 @@ def run_script(script: str, *args: str, session_devices: bool = False
   and optimisation setting (conftest, inherited through the environment). `session_devices`:
   also the session's simulated device count, which is part of a compilation's cache key, so
   the script reuses what the test compiled in-process (pass `ONE_DEVICE` to both)."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS="true")
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
   if session_devices:
     env["JAX_NUM_CPU_DEVICES"] = str(jax.config.jax_num_cpu_devices)
   return subprocess.run([sys.executable, script, *args], cwd=REPO, env=env,
