@@ -8,6 +8,7 @@
   python train.py --config=configs/spartan_stdlib.py      # fine-tune a frozen backbone (SPARTAN)
   python train.py --config=configs/spartan_rte.py:houlsby --config.backbone.path=roberta-base
   python train.py --config=configs/spartan_stdlib.py --seeds=0,1,2   # mean and std over seeds
+  python train.py --config=configs/sigma_moe_paper.py:wt103_s_star --compile_only=h100
 
 Re-running with the same workdir resumes from its latest checkpoint.
 """
@@ -21,10 +22,12 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from sparse_jax.aot import targets
 from sparse_jax.config_overrides import switch_kinds
 from sparse_jax.data.sources import BadSourceError
 from sparse_jax.training import distributed
 from sparse_jax.training.checkpointing import CheckpointRestoreError, CheckpointWriteError
+from sparse_jax.training.compile_only import compile_task
 from sparse_jax.training.loop import (NonFiniteLossError, format_metrics, run_task,
                                       train_and_evaluate)
 from sparse_jax.training.seed_runs import SUMMARY_FILE, run_seeds
@@ -73,6 +76,11 @@ _PROCESS_ID = flags.DEFINE_integer(
 _SEEDS = flags.DEFINE_list(
     "seeds", None, "Train once per seed (comma-separated integers) in WORKDIR/seed_<s> and "
     f"write the mean and std of the final metrics to WORKDIR/{SUMMARY_FILE}.")
+_COMPILE_ONLY = flags.DEFINE_string(
+    "compile_only", None,
+    "Compile the training and evaluation steps for TARGET on this machine, without data or "
+    "devices, print the memory per device and exit: h100, h200, a100 (':N' GPUs, ':HxN' "
+    "hosts x GPUs), v5e, v5p, v6e (':2x2' a TPU topology). Needs the compile extra.")
 _DISTRIBUTED = flags.DEFINE_bool(
     "distributed", False,
     "Join a multi-process job that JAX detects itself (SLURM, Open MPI, Kubernetes, TPU).")
@@ -103,6 +111,9 @@ def main(argv):
   switch_kinds(_CONFIG.value, config_flags.get_override_values(flags.FLAGS["config"]))
   logging.set_verbosity(logging.WARNING)
   workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
+  if _COMPILE_ONLY.value:
+    _compile_only(_COMPILE_ONLY.value)
+    return
   try:
     distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                            auto=_DISTRIBUTED.value)
@@ -127,6 +138,26 @@ def main(argv):
     sys.exit(f"train.py: {e}")
   if jax.process_index() == 0:
     print(f"final ({workdir}): {format_metrics(final)}")
+
+
+def _compile_only(target_name: str) -> None:
+  """`--compile_only`: compiles for the target and prints the memory report; exits non-zero
+  with the compiler's message when a step does not compile."""
+  try:
+    target = targets.parse_target(target_name)
+    targets.require_compiler(target)
+    targets.use_cpu_backend()
+    task = task_for(_CONFIG.value)
+  except (targets.TargetError, ConfigError) as e:
+    sys.exit(f"train.py: {e}")
+  print(f"compiling {flags.FLAGS['config'].config_filename} for {target} ...", flush=True)
+  try:
+    compiled = compile_task(task, target)
+  except (ConfigError, FileNotFoundError) as e:
+    sys.exit(f"train.py: {e}")
+  except Exception as e:  # The compiler's own error: what the user needs to see.
+    sys.exit(f"train.py: compiling for {target} failed: {type(e).__name__}: {e}")
+  print("\n".join(compiled.report()))
 
 
 def _train_seeds(workdir: str) -> None:

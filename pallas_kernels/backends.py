@@ -92,20 +92,31 @@ def backend(impl: str) -> Backend:
   if impl == "pallas":
     return _BACKENDS["pallas_triton" if targets_gpu() else "pallas_interpret"]
   if impl == "megablox":
-    return _BACKENDS["megablox_tpu" if jax.default_backend() == "tpu" else "megablox_interpret"]
+    return _BACKENDS["megablox_tpu" if target_platform() == "tpu" else "megablox_interpret"]
   if impl == "tokamax":
     return _ragged_backend(ragged.import_tokamax())
   return _BACKENDS[impl]
 
 
-def targets_gpu() -> bool:
-  """True when tracing for a GPU: the default backend, or an abstract GPU mesh in scope
-  (how the Triton lowering is checked on a machine without a GPU)."""
+def target_platform() -> str:
+  """The platform traced for: that of the mesh in scope when its devices say (an abstract
+  GPU or TPU mesh: how kernels are compiled for devices this machine does not have), else
+  the default backend's."""
   mesh = jax.sharding.get_abstract_mesh()
   device = None if mesh.empty else mesh.abstract_device
-  return jax.default_backend() == "gpu" or getattr(device, "platform", None) == "gpu"
+  return getattr(device, "platform", None) or jax.default_backend()
 
 
+def targets_gpu() -> bool:
+  """True when tracing for a GPU (`target_platform`)."""
+  return target_platform() == "gpu"
+
+
+def partitionable(impl: str) -> bool:
+  """False when the resolved `impl` runs a Pallas kernel compiled for a GPU or TPU: XLA
+  cannot split such a custom call over a mesh (Mosaic TPU refuses; GPU kernels would run
+  on whole, gathered arrays), so callers on a multi-device mesh map it over their shards."""
+  return not (impl in ("pallas", "mosaic", "megablox") and target_platform() in ("gpu", "tpu"))
 
 
 def check_impl(impl: str) -> None:
@@ -122,7 +133,7 @@ def resolve(impl: str, dtype, *weight_shapes: tuple[int, ...]) -> str:
   if impl == "auto":
     if targets_gpu():
       return "pallas"
-    return "megablox" if jax.default_backend() == "tpu" else "blocked"
+    return "megablox" if target_platform() == "tpu" else "blocked"
   if impl == "mosaic":
     if not targets_gpu():
       raise ValueError("impl='mosaic' runs on NVIDIA Hopper GPUs only (wgmma and TMA have no "

@@ -12,6 +12,11 @@ import tensorflow_datasets as tfds
 import glue_testing
 from lm_testing import tiny_lm_config
 
+# The tests run on the CPU, and so do the processes they start: with the compile extra
+# installed, the CUDA plugin and libtpu are compilers for tests/aot only, never backends
+# (on a GPU machine, JAX_PLATFORMS=cuda,cpu runs the GPU-only tests).
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+jax.config.update("jax_platforms", os.environ["JAX_PLATFORMS"])
 # Compile time dominates small JAX tests; these tests check semantics, not XLA's optimiser.
 # Through the environment, the processes the tests start (train.py, the notebook's kernel)
 # compile the same way.

@@ -99,13 +99,20 @@ def load_backbone(cfg):
   return _lm_checkpoint(cfg)
 
 
-def build_classifier(config, num_classes: int) -> SequenceClassifier:
-  """The pretrained backbone of `config.backbone` with `config.method`'s plug-ins (freshly
-  initialised from `config.seed`) and a task head."""
-  model_cfg, pretrained = load_backbone(config.backbone)
+def new_classifier(config, num_classes: int,
+                   model_cfg: ml_collections.ConfigDict | None = None) -> SequenceClassifier:
+  """A classifier of `config.backbone`'s architecture (`model_cfg`, default read from the
+  backbone's config without its weights) with `config.method`'s plug-ins and a task head, all
+  initialised from `config.seed`."""
+  model_cfg = backbone_model_config(config.backbone) if model_cfg is None else model_cfg
   method = methods.parse(config.method)
-  classifier = SequenceClassifier(methods.with_method(model_cfg, method), num_classes,
-                                  head_dropout=method.head_dropout,
-                                  rngs=make_rngs(config.seed))
+  return SequenceClassifier(methods.with_method(model_cfg, method), num_classes,
+                            head_dropout=method.head_dropout, rngs=make_rngs(config.seed))
+
+
+def build_classifier(config, num_classes: int) -> SequenceClassifier:
+  """`new_classifier` with the pretrained backbone's weights."""
+  model_cfg, pretrained = load_backbone(config.backbone)
+  classifier = new_classifier(config, num_classes, model_cfg)
   nnx.update(classifier.backbone, nnx.state(pretrained, nnx.Param))
   return classifier

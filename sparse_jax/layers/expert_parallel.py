@@ -209,6 +209,30 @@ def _expert_parallel_body(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, *maybe_k
   return jnp.where(route.fits, y_nd, jnp.nan)
 
 
+def _data_parallel(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, mesh, *, impl, rate, key):
+  """Every expert on every device, each device on its own tokens: a GPU or TPU kernel
+  (`pallas_kernels.partitionable`) on a mesh that splits the batch but not the experts.
+  Each device folds its position into the dropout key, as with expert parallelism.
+
+  The map does not check varying axes (`check_vma=False`): JAX's own TPU kernels (megablox)
+  declare outputs without them. Unchecked, shard_map's transpose sums the replicated
+  weights' gradients over the devices itself."""
+  check_expert_mesh(mesh, w_up_edg.shape[0], x_nd.shape[0])
+  token_axes = parallel.mesh_axes("batch", mesh)
+  tokens = parallel.partition_spec(("batch", None), mesh=mesh)
+
+  def body(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, *maybe_key):
+    key = (jax.random.fold_in(maybe_key[0], jax.lax.axis_index(token_axes)) if maybe_key
+           else None)
+    return _local_experts(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, impl=impl, rate=rate,
+                          key=key)
+
+  keys = () if key is None else (key,)
+  mapped = jax.shard_map(body, in_specs=(tokens,) * 3 + (P(),) * (2 + len(keys)),
+                         out_specs=tokens, check_vma=False)
+  return mapped(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, *keys)
+
+
 def apply_experts(x_nd: jax.Array, sel_nk: jax.Array, gates_nk: jax.Array,
                   w_up_edg: jax.Array, w_down_egd: jax.Array, *, impl: str = "auto",
                   dropout_rate: float = 0.0, dropout_key: jax.Array | None = None,
@@ -230,6 +254,10 @@ def apply_experts(x_nd: jax.Array, sel_nk: jax.Array, gates_nk: jax.Array,
   exchange = resolve_exchange(exchange, mesh)
   check_recv_factor(recv_factor)
   if n_ep == 1:
+    resolved = pallas_kernels.resolve(impl, x_nd.dtype, w_up_edg.shape, w_down_egd.shape)
+    if parallel.batch_shards(mesh) > 1 and not pallas_kernels.partitionable(resolved):
+      return _data_parallel(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, mesh, impl=impl,
+                            rate=dropout_rate, key=dropout_key)
     return _local_experts(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, impl=impl,
                           rate=dropout_rate, key=dropout_key)
   check_expert_mesh(mesh, w_up_edg.shape[0], x_nd.shape[0])

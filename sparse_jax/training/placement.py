@@ -76,6 +76,13 @@ class Placement:
   def create_memory(self, build: Callable[[], XLMemory]) -> XLMemory:
     return jax.jit(build, out_shardings=self.memory_shardings())()
 
+  def batch_shapes(self, shapes: dict[str, jax.ShapeDtypeStruct]
+                   ) -> dict[str, jax.ShapeDtypeStruct]:
+    """Global batch `shapes` in the shardings `global_batch` gives their arrays."""
+    return {name: jax.ShapeDtypeStruct(
+        value.shape, value.dtype, sharding=parallel.batch_sharding(self.mesh, len(value.shape)))
+            for name, value in shapes.items()}
+
   def local_rows(self, batch_size: int) -> slice:
     """The rows of every `[batch_size, ...]` batch that this process's devices hold."""
     return parallel.local_rows(parallel.batch_sharding(self.mesh), (batch_size, 1))

@@ -7,6 +7,7 @@ holds and how it evaluates. Tasks live in `sparse_jax.training.tasks`.
 """
 
 import abc
+from collections.abc import Callable
 
 import grain
 import jax
@@ -59,8 +60,24 @@ class Task(abc.ABC):
     placement.check_batch(self.batch_size, "train batch size")
 
   @abc.abstractmethod
+  def init_model_and_optimizer(self) -> tuple[nnx.Module, nnx.Optimizer]:
+    """The model as initialised from the config alone (fine-tuning: a backbone of the
+    pretrained one's shapes, not its weights) and its optimiser; reads no weights, so that
+    `nnx.eval_shape` of it gives `build`'s shapes (`--compile_only`)."""
+
   def build(self, placement: Placement) -> tuple[nnx.Module, nnx.Optimizer]:
     """The model and its optimiser (state for `trainable` only), placed on the mesh."""
+    return placement.create(self.init_model_and_optimizer)
+
+  @abc.abstractmethod
+  def batch_shapes(self) -> dict[str, jax.ShapeDtypeStruct]:
+    """Shapes and dtypes of one global training batch, as `load_data`'s batches assemble."""
+
+  @abc.abstractmethod
+  def eval_step(self, model: nnx.Module, placement: Placement) -> tuple[Callable, tuple]:
+    """The jitted step that `evaluate` runs, called as `step(nnx.state(model), *args)`, and
+    the shapes of `args` in their shardings (`placement.batch_shapes`): what
+    `--compile_only` compiles. `model` may hold shapes instead of arrays."""
 
   @abc.abstractmethod
   def new_model(self, placement: Placement | None = None) -> nnx.Module:

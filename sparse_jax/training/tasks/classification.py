@@ -115,10 +115,29 @@ class ClassificationTask(Task):
     placement.check_batch(self.typed.train.batch_size, "train.batch_size")
     placement.check_batch(self.typed.eval.batch_size, "eval.batch_size")
 
+  def init_model_and_optimizer(self):
+    return self._with_optimizer(backbones.new_classifier(self.typed, self.spec.num_classes))
+
   def build(self, placement: Placement):
+    """Built eagerly (the backbone's weights are read from files), then placed."""
     model = backbones.build_classifier(self.typed, self.spec.num_classes)
-    optimizer = nnx.Optimizer(model, make_optimizer(self.typed.train), wrt=self._trainable)
-    return placement.put((model, optimizer))
+    return placement.put(self._with_optimizer(model))
+
+  def _with_optimizer(self, model: SequenceClassifier):
+    return model, nnx.Optimizer(model, make_optimizer(self.typed.train), wrt=self._trainable)
+
+  def batch_shapes(self) -> dict[str, jax.ShapeDtypeStruct]:
+    return {**self._inputs(self.batch_size), "labels": jax.ShapeDtypeStruct(
+        (self.batch_size,), jnp.float32 if self.spec.num_classes == 1 else jnp.int32)}
+
+  def _inputs(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """`tokens [B, max_len]` and `lengths [B]` (`task_batches`)."""
+    return {"tokens": jax.ShapeDtypeStruct((batch_size, self.typed.task.max_len), jnp.int32),
+            "lengths": jax.ShapeDtypeStruct((batch_size,), jnp.int32)}
+
+  def eval_step(self, model: SequenceClassifier, placement: Placement):
+    batch = placement.batch_shapes(self._inputs(self.typed.eval.batch_size))
+    return make_predict_step(nnx.graphdef(model), placement), (batch,)
 
   def new_model(self, placement: Placement | None = None) -> SequenceClassifier:
     """Built eagerly (the backbone's weights are read from files), then placed."""

@@ -8,6 +8,8 @@ checkpoint as the item `memory`) holds the real preceding text.
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
@@ -21,7 +23,8 @@ from sparse_jax.training.optimizer import TrainConfig, make_optimizer
 from sparse_jax.training.placement import Placement
 from sparse_jax.training.steps import make_rngs
 from sparse_jax.training.task import Task
-from sparse_jax.training.tasks.lm_evaluation import Evaluator, cross_entropy, unit_metric
+from sparse_jax.training.tasks.lm_evaluation import (Evaluator, cross_entropy, make_eval_step,
+                                                    unit_metric)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -84,6 +87,12 @@ def _require_one_segment(n_tokens: int, cfg: DataConfig, split: str, batch_size:
         f"data.seq_len.")
 
 
+def _token_batch(batch_size: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
+  """`inputs` and `targets`, `[batch_size, seq_len]` token ids (`lm_stream`)."""
+  tokens = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32)
+  return {"inputs": tokens, "targets": tokens}
+
+
 class LanguageModelTask(Task):
   """Next-token prediction; the loss is the mean cross-entropy plus the FF regularisers."""
 
@@ -118,8 +127,19 @@ class LanguageModelTask(Task):
     return data.train_iterator(train_tokens, cfg.batch_size, cfg.seq_len,
                                placement.data_shard(cfg.batch_size))
 
-  def build(self, placement: Placement):
-    return placement.create(lambda: build_model_and_optimizer(self.typed))
+  def init_model_and_optimizer(self):
+    return build_model_and_optimizer(self.typed)
+
+  def batch_shapes(self) -> dict[str, jax.ShapeDtypeStruct]:
+    return _token_batch(self.typed.data.batch_size, self.typed.data.seq_len)
+
+  def eval_step(self, model: TransformerLM, placement: Placement):
+    cfg = self.typed.eval
+    memory = jax.eval_shape(lambda: model.init_memory(cfg.batch_size, cfg.mem_len))
+    memory = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                          memory, placement.memory_shardings())
+    batch = placement.batch_shapes(_token_batch(cfg.batch_size, self.typed.data.seq_len))
+    return make_eval_step(nnx.graphdef(model)), (memory, batch)
 
   def new_model(self, placement: Placement | None = None) -> TransformerLM:
     build = lambda: build_model(self.typed)  # noqa: E731

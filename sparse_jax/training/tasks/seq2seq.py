@@ -94,11 +94,23 @@ class Seq2SeqTask(Task):
     placement.check_batch(self.typed.data.batch_size, "data.batch_size")
     placement.check_batch(self.typed.eval.batch_size, "eval.batch_size")
 
-  def build(self, placement: Placement):
-    def build():
-      model = build_model(self.typed)
-      return model, nnx.Optimizer(model, make_optimizer(self.typed.train), wrt=nnx.Param)
-    return placement.create(build)
+  def init_model_and_optimizer(self):
+    model = build_model(self.typed)
+    return model, nnx.Optimizer(model, make_optimizer(self.typed.train), wrt=nnx.Param)
+
+  def batch_shapes(self) -> dict[str, jax.ShapeDtypeStruct]:
+    return self._padded_batch(self.batch_size)
+
+  def _padded_batch(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """`inputs [B, S]` and `targets [B, T]`, padded to the training maxima."""
+    n_inputs, n_targets = self.data.max_lengths("train")
+    return {"inputs": jax.ShapeDtypeStruct((batch_size, n_inputs), jnp.int32),
+            "targets": jax.ShapeDtypeStruct((batch_size, n_targets), jnp.int32)}
+
+  def eval_step(self, model: Terraformer, placement: Placement):
+    """The teacher-forced loss step (greedy decoding is compiled per answer length)."""
+    batch = placement.batch_shapes(self._padded_batch(self.typed.eval.batch_size))
+    return _make_eval_step(nnx.graphdef(model)), (batch,)
 
   def new_model(self, placement: Placement | None = None) -> Terraformer:
     build = lambda: build_model(self.typed)  # noqa: E731

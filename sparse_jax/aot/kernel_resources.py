@@ -1,0 +1,127 @@
+"""What our GPU kernels use of an SM, read from a compile for a GPU we do not have.
+
+Compiling with `dump_options(DIR)` makes XLA write, per program, each kernel's PTX and the
+thunk sequence (every launch with its grid, threads per block and shared memory). `ptxas -v`
+(from the `nvidia-cuda-nvcc` wheel the compile extra installs) turns a PTX file into the
+registers per thread and the bytes spilled to local memory. From registers, threads and
+shared memory follows the theoretical occupancy: how many of the SM's thread slots resident
+blocks can fill (CUDA Occupancy Calculator's rule, allocation granularities included).
+
+Mosaic GPU kernels are not in XLA's dumps (their PTX is ISA 9.0, which the CUDA 12 ptxas
+cannot read), so only Triton kernels are reported here.
+"""
+
+import dataclasses
+import glob
+import importlib.util
+import math
+import os
+import re
+import subprocess
+
+from sparse_jax.aot import targets
+
+_LAUNCH = re.compile(r"\] (?P<name>\S+) grid: \[(?P<grid>[\d, ]+)\] threads: "
+                     r"\[(?P<threads>[\d, ]+)\]\s+shared_memory: (?P<smem>\d+) bytes")
+_ENTRY = re.compile(r"Compiling entry function '(?P<name>[^']+)'")
+_SPILLS = re.compile(r"(?P<stores>\d+) bytes spill stores, (?P<loads>\d+) bytes spill loads")
+_REGISTERS = re.compile(r"Used (?P<registers>\d+) registers")
+# Register allocation: per warp in units of 256 registers; shared memory in 128-byte units.
+_REGISTER_UNIT, _SHARED_UNIT, _MAX_BLOCKS_PER_SM = 256, 128, 32
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelResources:
+  """One kernel as compiled for one GPU."""
+
+  name: str
+  grid: tuple[int, ...]
+  threads: int  # Per block.
+  shared_bytes: int  # Per block (Triton's dynamic shared memory).
+  registers: int  # Per thread.
+  spill_stores: int  # Bytes per thread.
+  spill_loads: int
+  occupancy: float  # Resident threads / the SM's thread slots, 0..1.
+
+  @property
+  def spills(self) -> bool:
+    return self.spill_stores > 0 or self.spill_loads > 0
+
+
+def ptxas_path() -> str | None:
+  """The `ptxas` of the `nvidia-cuda-nvcc-cu12` wheel, or None when it is not installed."""
+  spec = importlib.util.find_spec("nvidia.cuda_nvcc")
+  if spec is None or not spec.submodule_search_locations:
+    return None
+  path = os.path.join(list(spec.submodule_search_locations)[0], "bin", "ptxas")
+  return path if os.path.exists(path) else None
+
+
+def dump_options(dump_dir: str) -> dict:
+  """XLA options for `Lowered.compile` that write each kernel's PTX and the launches."""
+  return {"xla_dump_to": dump_dir}
+
+
+def occupancy(spec: dict, threads: int, registers: int, shared_bytes: int) -> float:
+  """Theoretical occupancy of blocks of `threads` threads on an SM of `spec` (a GPU section
+  of targets.toml): the fewest blocks that registers, shared memory, threads and the block
+  limit allow, times their threads, over the SM's thread slots."""
+  warps = math.ceil(threads / spec["threads_per_warp"])
+  per_warp = math.ceil(registers * spec["threads_per_warp"] / _REGISTER_UNIT) * _REGISTER_UNIT
+  by_registers = spec["registers_per_core_limit"] // max(per_warp * warps, 1)
+  shared = math.ceil(shared_bytes / _SHARED_UNIT) * _SHARED_UNIT
+  by_shared = spec["shared_memory_per_core"] // shared if shared else _MAX_BLOCKS_PER_SM
+  by_threads = spec["threads_per_core_limit"] // threads
+  blocks = min(by_registers, by_shared, by_threads, _MAX_BLOCKS_PER_SM)
+  return blocks * threads / spec["threads_per_core_limit"]
+
+
+def _launches(dump_dir: str, prefix: str) -> dict[str, dict]:
+  """Kernel name -> grid, threads, shared memory, from the thunk sequences in `dump_dir`."""
+  found = {}
+  for path in glob.glob(os.path.join(dump_dir, "*thunk_sequence.txt")):
+    with open(path, encoding="utf-8") as f:
+      for match in _LAUNCH.finditer(f.read()):
+        if match["name"].startswith(prefix):
+          found[match["name"]] = {
+              "grid": tuple(int(n) for n in match["grid"].split(",")),
+              "threads": math.prod(int(n) for n in match["threads"].split(",")),
+              "shared_bytes": int(match["smem"])}
+  return found
+
+
+def _ptxas(ptx_path: str, sm: str) -> dict[str, dict]:
+  """Kernel name -> registers and spills, from `ptxas -v` on one PTX file."""
+  out = subprocess.run([ptxas_path(), f"-arch={sm}", "-v", ptx_path, "-o", os.devnull],
+                       capture_output=True, text=True, check=True)
+  reports, name = {}, None
+  for line in (out.stdout + out.stderr).splitlines():
+    if entry := _ENTRY.search(line):
+      name = entry["name"]
+      reports[name] = {}
+    elif name and (spills := _SPILLS.search(line)):
+      reports[name].update(spill_stores=int(spills["stores"]), spill_loads=int(spills["loads"]))
+    elif name and (used := _REGISTERS.search(line)):
+      reports[name]["registers"] = int(used["registers"])
+  return reports
+
+
+def kernel_resources(dump_dir: str, target: targets.Target,
+                     prefix: str = "cvmm_") -> list[KernelResources]:
+  """Every kernel whose name starts with `prefix` in a GPU compile dumped to `dump_dir`
+  (`dump_options`), with its ptxas report for `target`'s SM. Raises RuntimeError when ptxas
+  is not installed."""
+  if ptxas_path() is None:
+    raise RuntimeError("ptxas not found: pip install -e \".[compile]\" (nvidia-cuda-nvcc-cu12)")
+  launches = _launches(dump_dir, prefix)
+  reports = {}
+  for ptx in glob.glob(os.path.join(dump_dir, "*.ptx")):
+    with open(ptx, encoding="utf-8") as f:
+      if not any(f".entry {name}(" in line for line in f for name in launches):
+        continue
+    reports.update(_ptxas(ptx, target.sm))
+  return [KernelResources(
+      name=name, **launch, **reports[name],
+      occupancy=occupancy(target.spec, launch["threads"], reports[name]["registers"],
+                          launch["shared_bytes"]))
+          for name, launch in sorted(launches.items()) if name in reports]
