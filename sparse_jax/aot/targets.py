@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import importlib.util
 import math
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -145,6 +146,9 @@ def target_devices(target: Target) -> tuple[jax.Device, ...]:
   from jax.experimental import topologies  # Imports the platform plugins: only when asked.
 
   require_compiler(target)
+  # libtpu holds a lock file against a second process using the TPUs; there are none here,
+  # and parallel test workers or a benchmark beside a test each load it as a compiler.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   if target.platform == "gpu":
     topology = topologies.get_topology_desc(
         platform="cuda", target_config=gpu_target_config(target.spec), topology=target.shape)

@@ -183,6 +183,7 @@ def _row_of_slot(slot_b: jax.Array, c: int) -> jax.Array:
 
 
 def _expert_parallel_body(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, *maybe_key, n_ep,
+                          check_vma,
                           exchange, recv_factor, impl, rate, token_axes):
   """One device's shard: `N_l` tokens and `E_l` experts (see the module docstring)."""
   n, k = sel_nk.shape
@@ -199,8 +200,10 @@ def _expert_parallel_body(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, *maybe_k
   key = jax.random.fold_in(maybe_key[0], jax.lax.axis_index(token_axes)) if maybe_key else None
   # The weights are the same on every device of a token axis other than `expert`; marking them
   # varying makes the transpose sum their gradient over those devices.
-  other_axes = tuple(a for a in token_axes if a != parallel.EXPERT)
-  w_up_edg, w_down_egd = jax.lax.pcast((w_up_edg, w_down_egd), other_axes, to="varying")
+  # (Unchecked, `_data_parallel`'s docstring, shard_map's transpose sums them itself.)
+  if check_vma:
+    other_axes = tuple(a for a in token_axes if a != parallel.EXPERT)
+    w_up_edg, w_down_egd = jax.lax.pcast((w_up_edg, w_down_egd), other_axes, to="varying")
   y_rd = _local_experts(x_rd, expert_r[:, None], gate_r[:, None], w_up_edg, w_down_egd,
                         impl=impl, rate=rate, key=key)
   y_bd = route.back(y_rd)
@@ -265,10 +268,13 @@ def apply_experts(x_nd: jax.Array, sel_nk: jax.Array, gates_nk: jax.Array,
   tokens = parallel.partition_spec(("batch", None), mesh=mesh)  # `[N, ...]` token rows
   # Inside the map a device holds whole experts: of `[E, M, L]` only `experts` is split.
   experts = parallel.partition_spec(("experts", None, None), mesh=mesh)
-  body = functools.partial(_expert_parallel_body, n_ep=n_ep, exchange=exchange,
+  check_vma = pallas_kernels.partitionable(
+      pallas_kernels.resolve(impl, x_nd.dtype, w_up_edg.shape, w_down_egd.shape))
+  body = functools.partial(_expert_parallel_body, n_ep=n_ep, check_vma=check_vma,
+                           exchange=exchange,
                            recv_factor=recv_factor, impl=impl, rate=dropout_rate,
                            token_axes=token_axes)
   keys = () if dropout_key is None else (dropout_key,)
   mapped = jax.shard_map(body, in_specs=(tokens,) * 3 + (experts,) * 2 + (P(),) * len(keys),
-                         out_specs=tokens)
+                         out_specs=tokens, check_vma=check_vma)
   return mapped(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, *keys)

@@ -130,15 +130,19 @@ def test_occupancy_follows_the_calculators_rule():
   assert kernel_resources.occupancy(h100, 256, 33, 0) == 6 * 256 / 2048
 
 
-@pytest.mark.parametrize("target_name", [pytest.param("h100", marks=needs_gpu),
-                                         pytest.param("a100", marks=needs_gpu),
-                                         pytest.param("v5e", marks=needs_tpu),
-                                         pytest.param("v5e:2x2", marks=needs_tpu),
-                                         pytest.param("h100:2", marks=needs_gpu)])
-def test_compile_task_reports_the_executables_memory(target_name):
+@pytest.mark.parametrize("target_name,expert", [
+    pytest.param("h100", 1, marks=needs_gpu), pytest.param("a100", 1, marks=needs_gpu),
+    pytest.param("v5e", 1, marks=needs_tpu), pytest.param("v5e:2x2", 1, marks=needs_tpu),
+    pytest.param("h100:2", 1, marks=needs_gpu), pytest.param("v5e:2x2", 4, marks=needs_tpu),
+    pytest.param("h100:4", 4, marks=needs_gpu)])
+def test_compile_task_reports_the_executables_memory(target_name, expert):
+  """One device, data parallelism (the MoE kernels mapped over each device's tokens) and
+  expert parallelism (the kernels inside the exchange's shard_map)."""
   target = targets.parse_target(target_name)
-  compiled = compile_only.compile_task(task_for(tiny_moe_config.get_config()), target)
-  assert compiled.mesh_shape["data"] == target.n_devices
+  config = tiny_moe_config.get_config()
+  config.mesh.update(data=-1, expert=expert)
+  compiled = compile_only.compile_task(task_for(config), target)
+  assert compiled.mesh_shape["data"] * compiled.mesh_shape["expert"] == target.n_devices
   stats = compiled.train.memory_analysis()
   assert compiled.train_use.total == (
       stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes

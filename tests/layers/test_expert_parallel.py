@@ -317,3 +317,21 @@ def test_auto_exchange_is_ragged_on_tpu_only_and_ragged_lowers_for_gpus():
   with jax.set_mesh(cpu_mesh):
     hlo = experts_and_grads.lower(*expert_inputs(routing("skewed"))).as_text()
   assert "all_to_all" in hlo and "ragged_all_to_all" not in hlo
+
+
+@pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 1, 4), (1, 2, 4)])
+def test_kernels_xla_cannot_partition_run_per_device_unchecked(mesh_shape, monkeypatch):
+  """GPU and TPU Pallas kernels (`pallas_kernels.partitionable` False) run inside shard_map
+  without varying-axis checks (megablox declares none), on each device's tokens, with or
+  without expert parallelism; the gradients of the replicated weights are then summed by
+  shard_map's transpose instead of `pcast`. Forced here on CPU: the same results as one
+  device."""
+  layer = make_layer("sigma_moe")
+  x, cotangent = inputs(3)
+  want = run(layer, x, cotangent)
+  monkeypatch.setattr(expert_parallel.pallas_kernels, "partitionable", lambda impl: False)
+  jax.clear_caches()  # Trace again with the patched rule.
+  try:
+    assert_tree_close(run(layer, x, cotangent, mesh_shape), want)
+  finally:
+    jax.clear_caches()
