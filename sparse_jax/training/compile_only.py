@@ -73,13 +73,6 @@ class CompiledTask:
     return lines
 
 
-def _placed(shapes, shardings):
-  """`shapes` (a pytree of arrays or ShapeDtypeStructs) as ShapeDtypeStructs in
-  `shardings` (the same structure)."""
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                      shapes, shardings)
-
-
 def _bytes_per_device(shapes) -> int:
   """Bytes one device holds of placed ShapeDtypeStructs (its shard of each)."""
   return sum(math.prod(x.sharding.shard_shape(x.shape)) * _itemsize(x.dtype)
@@ -131,9 +124,9 @@ def compile_task(task: Task, target: targets.Target) -> CompiledTask:
   with jax.set_mesh(mesh):
     model, optimizer = nnx.eval_shape(task.init_model_and_optimizer)
     graphdef, state = nnx.split((model, optimizer))
-    state = _placed(state, placement.state_shardings(state))
+    state = placement.placed_shapes(state, placement.state_shardings(state))
     carry = jax.eval_shape(lambda: task.init_carry(model, placement))
-    carry = _placed(carry, task.carry_shardings(placement))
+    carry = placement.placed_shapes(carry, task.carry_shardings(placement))
     batch = placement.batch_shapes(task.batch_shapes())
     replicated = parallel.replicated(mesh)
     train_step = make_train_step(graphdef, task.loss, seed=task.typed.seed, wrt=task.trainable,

@@ -83,6 +83,13 @@ class Placement:
         value.shape, value.dtype, sharding=parallel.batch_sharding(self.mesh, len(value.shape)))
             for name, value in shapes.items()}
 
+  @staticmethod
+  def placed_shapes(shapes, shardings):
+    """`shapes` (a pytree of arrays or ShapeDtypeStructs) as ShapeDtypeStructs in
+    `shardings` (the same structure)."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        shapes, shardings)
+
   def local_rows(self, batch_size: int) -> slice:
     """The rows of every `[batch_size, ...]` batch that this process's devices hold."""
     return parallel.local_rows(parallel.batch_sharding(self.mesh), (batch_size, 1))

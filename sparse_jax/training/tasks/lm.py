@@ -136,8 +136,7 @@ class LanguageModelTask(Task):
   def eval_step(self, model: TransformerLM, placement: Placement):
     cfg = self.typed.eval
     memory = jax.eval_shape(lambda: model.init_memory(cfg.batch_size, cfg.mem_len))
-    memory = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                          memory, placement.memory_shardings())
+    memory = placement.placed_shapes(memory, placement.memory_shardings())
     batch = placement.batch_shapes(_token_batch(cfg.batch_size, self.typed.data.seq_len))
     return make_eval_step(nnx.graphdef(model)), (memory, batch)
 
