@@ -27,7 +27,7 @@ from sparse_jax.config_overrides import switch_kinds
 from sparse_jax.data.sources import BadSourceError
 from sparse_jax.training import distributed
 from sparse_jax.training.checkpointing import CheckpointRestoreError, CheckpointWriteError
-from sparse_jax.training.compile_only import compile_task
+from sparse_jax.training.compile_only import DoesNotFitError, compile_task
 from sparse_jax.training.loop import (NonFiniteLossError, format_metrics, run_task,
                                       train_and_evaluate)
 from sparse_jax.training.seed_runs import SUMMARY_FILE, run_seeds
@@ -155,6 +155,8 @@ def _compile_only(target_name: str) -> None:
     compiled = compile_task(task, target)
   except (ConfigError, FileNotFoundError) as e:
     sys.exit(f"train.py: {e}")
+  except DoesNotFitError as e:
+    sys.exit(f"train.py: {e}\nLower the batch size or shard over more devices.")
   except Exception as e:  # The compiler's own error: what the user needs to see.
     sys.exit(f"train.py: compiling for {target} failed: {type(e).__name__}: {e}")
   print("\n".join(compiled.report()))

@@ -3,6 +3,8 @@
     python -m benchmarks.compile_targets --out benchmarks/compile_targets
     python -m benchmarks.compile_targets --out /tmp/ct --parts=kernels --targets=h100
     python -m benchmarks.compile_targets --out /tmp/ct --parts=configs --bisect
+    python -m benchmarks.compile_targets --out /tmp/ct --parts=configs --config_targets=v5e \
+        --configs sigma_moe_paper.py:wt103_b "moe_variants.py:wt103_s,switch"
 
 Needs the compile extra (`pip install -e ".[compile]"`). Writes `compile_targets.json` and
 `compile_targets.md` (the tables of benchmarks/RESULTS.md) into `--out`, printing each row as
@@ -16,7 +18,7 @@ it comes.
 - configs: the training step of each paper config (`sigma_moe_paper`, `dense_paper`, the
   main `moe_variants` rows, `scaling_small`, `terraformer_arxiv:paper`, SPARTAN on a
   RoBERTa-base architecture) on one device of each target: peak memory per device, fits or
-  not; with `--bisect`, the largest power-of-two batch that fits.
+  not; with `--bisect`, the largest batch (the config's times a power of two) that fits.
 """
 
 import argparse
@@ -37,7 +39,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 import pallas_kernels  # noqa: E402
 from sparse_jax.aot import kernel_resources, memory  # noqa: E402
-from sparse_jax.training.compile_only import compile_task  # noqa: E402
+from sparse_jax.training.compile_only import DoesNotFitError, compile_task  # noqa: E402
 from sparse_jax.training.tasks import task_for  # noqa: E402
 
 TOKENS, GROUP, K = 32768, 128, 4
@@ -53,6 +55,7 @@ CONFIGS = ("sigma_moe_paper.py:wt103_s", "sigma_moe_paper.py:wt103_s_star",
            "terraformer_arxiv.py:paper", "spartan_rte.py:spartan")
 # RoBERTa-base's architecture (its config.json on the Hugging Face hub): SPARTAN compiles on
 # its shapes; no weights are needed to compile.
+MAX_BATCH_FACTOR = 16  # --bisect stops doubling at 16x the config's batch.
 ROBERTA_BASE = {"vocab_size": 50265, "hidden_size": 768, "num_hidden_layers": 12,
                 "num_attention_heads": 12, "intermediate_size": 3072,
                 "max_position_embeddings": 514, "type_vocab_size": 1, "pad_token_id": 1,
@@ -127,6 +130,8 @@ def config_row(target, name: str, roberta_dir: str, batch_size: int | None = Non
   started = time.perf_counter()
   try:
     compiled = compile_task(task_for(config), target)
+  except DoesNotFitError as e:  # libtpu's verdict: too large, so no executable.
+    return {**row, "compiled": False, "fits": False, "error": str(e.__cause__).splitlines()[0]}
   except Exception as e:  # noqa: BLE001  The compiler's error is the result.
     return {**row, "compiled": False, "error": f"{type(e).__name__}: {str(e).splitlines()[0]}"}
   return {**row, "compiled": True, "compile_seconds": round(time.perf_counter() - started, 1),
@@ -137,25 +142,30 @@ def config_row(target, name: str, roberta_dir: str, batch_size: int | None = Non
           "xla_options": compiled.xla_options}
 
 
-def largest_batch(target, name: str, roberta_dir: str, start: int) -> int | None:
-  """The largest power-of-two batch whose step fits on one device (None: not even 1)."""
-  best, size = None, 1
-  while size <= 4 * start:
+def largest_batch(target, name: str, roberta_dir: str, first: dict) -> int | None:
+  """The largest batch `config's batch x 2^k` whose step fits on one device, searched from
+  the config's own batch (`first`, already compiled): doubling while it fits, halving while
+  it does not. None: not even a batch of 1 fits."""
+  size, fits = first["batch_size"], first["fits"]
+  step = 2 if fits else 0.5
+  best = size if fits else None
+  while 1 <= size * step <= MAX_BATCH_FACTOR * first["batch_size"]:
+    size = int(size * step)
     row = config_row(target, name, roberta_dir, size)
-    print(f"    batch {size}: {row.get('peak_gib', row.get('error'))}", flush=True)
-    if not row.get("fits"):
-      break
-    best, size = size, size * 2
+    print(f"    batch {size}: peak {row.get('peak_gib', row.get('error'))}", flush=True)
+    if row.get("fits") != fits:
+      return size if not fits and row.get("fits") else best
+    best = size if fits else None
   return best
 
 
-def config_rows(target_names, roberta_dir: str, bisect: bool):
+def config_rows(target_names, config_names, roberta_dir: str, bisect: bool):
   for name in target_names:
     target = targets.parse_target(name)
-    for config in CONFIGS:
+    for config in config_names:
       row = config_row(target, config, roberta_dir)
-      if bisect and row.get("compiled"):
-        row["largest_batch"] = largest_batch(target, config, roberta_dir, row["batch_size"])
+      if bisect and "fits" in row:
+        row["largest_batch"] = largest_batch(target, config, roberta_dir, row)
       yield row
 
 
@@ -192,6 +202,8 @@ def main():
   parser.add_argument("--out", required=True)
   parser.add_argument("--targets", default="h100,h200,a100,v5e")
   parser.add_argument("--config_targets", default="h100,a100,v5e")
+  parser.add_argument("--configs", nargs="+", default=list(CONFIGS),
+                      help="config names as in CONFIGS (default: all of them)")
   parser.add_argument("--parts", default="kernels,configs")
   parser.add_argument("--bisect", action="store_true")
   parser.add_argument("--quick", action="store_true", help="one shape per kernel family")
@@ -206,7 +218,8 @@ def main():
     if "kernels" in parts:
       sources.append(kernel_rows(args.targets.split(","), args.quick))
     if "configs" in parts:
-      sources.append(config_rows(args.config_targets.split(","), roberta_dir, args.bisect))
+      sources.append(config_rows(args.config_targets.split(","), args.configs,
+                                 roberta_dir, args.bisect))
     for source in sources:
       for row in source:
         print(json.dumps({k: v for k, v in row.items() if k != "kernels"}), flush=True)

@@ -149,6 +149,10 @@ def target_devices(target: Target) -> tuple[jax.Device, ...]:
   # libtpu holds a lock file against a second process using the TPUs; there are none here,
   # and parallel test workers or a benchmark beside a test each load it as a compiler.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  # Nor is this a TPU VM: libtpu would ask the cloud metadata server for its workers and
+  # print an INVALID_ARGUMENT trace when that fails.
+  os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
   if target.platform == "gpu":
     topology = topologies.get_topology_desc(
         platform="cuda", target_config=gpu_target_config(target.spec), topology=target.shape)

@@ -18,6 +18,7 @@ from flax import nnx
 
 from sparse_jax import parallel
 from sparse_jax.aot import memory, targets
+from sparse_jax.training import xla_fallbacks
 from sparse_jax.training.placement import Placement
 from sparse_jax.training.steps import make_train_step
 from sparse_jax.training.task import Task
@@ -31,7 +32,7 @@ class CompiledTask:
   mesh_shape: dict[str, int]
   train: jax.stages.Compiled
   eval: jax.stages.Compiled
-  xla_options: dict  # XLA options the steps needed to compile (`compile_for`).
+  xla_options: dict  # XLA options the steps needed to compile (`xla_fallbacks`).
   train_use: memory.MemoryUse
   eval_use: memory.MemoryUse
   resident_bytes: int  # Training state and carry per device, alive while evaluating too.
@@ -64,7 +65,7 @@ class CompiledTask:
              f"{device / memory.GIB:.2f} GiB: {memory.verdict(self.peak, device)}"]
     if self.xla_options:
       lines.append(f"  compiled with XLA options {self.xla_options} (see "
-                   "sparse_jax.training.compile_only.compile_for)")
+                   "sparse_jax.training.xla_fallbacks)")
     pool = int(device * memory.JAX_GPU_POOL_FRACTION)
     if self.target.platform == "gpu" and pool < self.peak <= device:
       lines.append(f"  note: above the {memory.JAX_GPU_POOL_FRACTION:.0%} of device memory "
@@ -86,25 +87,26 @@ def _itemsize(dtype) -> int:
   return jnp.dtype(dtype).itemsize
 
 
-# XLA:GPU compiled without a GPU does not autotune: its Triton GEMM emitter takes a default
-# tiling, and for some fused dots (an XL attention K/V projection's input gradient at
-# d_model 412, `f32[32768,412]`) it finds none ("Couldn't find output tile sizes"). Those
-# dots then go to cuBLAS, as XLA does for dots its Triton emitter does not take.
-_TRITON_GEMM_TILING_ERROR = "Couldn't find output tile sizes"
-_NO_TRITON_GEMM = {"xla_gpu_enable_triton_gemm": False}
+class DoesNotFitError(RuntimeError):
+  """The TPU compiler refused a step larger than the device's memory (libtpu checks at
+  compile time, so no executable, and no breakdown of its memory, exists)."""
+
+
+_TPU_OUT_OF_MEMORY = "RESOURCE_EXHAUSTED"
 
 
 def compile_for(traced: jax.stages.Traced, target: targets.Target
                 ) -> tuple[jax.stages.Compiled, dict]:
-  """`traced` lowered and compiled for `target`, and the XLA options that took: none, or
-  on a GPU whose Triton GEMM tiling fails (above), `xla_gpu_enable_triton_gemm=False`."""
+  """`traced` lowered and compiled for `target`, with the XLA options it needed
+  (`training.xla_fallbacks`); raises `DoesNotFitError` when libtpu finds it too large."""
   lowered = traced.lower(lowering_platforms=(target.lowering_platform,))
   try:
-    return lowered.compile(), {}
+    return xla_fallbacks.compile_lowered(lowered, target.platform)
   except jax.errors.JaxRuntimeError as e:
-    if target.platform != "gpu" or _TRITON_GEMM_TILING_ERROR not in str(e):
-      raise
-  return lowered.compile(_NO_TRITON_GEMM), dict(_NO_TRITON_GEMM)
+    if target.platform == "tpu" and _TPU_OUT_OF_MEMORY in str(e):
+      raise DoesNotFitError(f"does not fit on {target} ({target.description}): "
+                            f"{str(e).splitlines()[0]}") from e
+    raise
 
 
 def target_mesh(task: Task, target: targets.Target):
@@ -116,8 +118,9 @@ def target_mesh(task: Task, target: targets.Target):
 def compile_task(task: Task, target: targets.Target) -> CompiledTask:
   """Compiles `task`'s training and evaluation steps for `target` (module docstring).
   Raises `targets.TargetError` when the target's compiler is not installed, `ConfigError`
-  when the config's mesh does not fit the target, and the compiler's error when a step does
-  not compile."""
+  when the config's mesh does not fit the target, `DoesNotFitError` when the TPU compiler
+  refuses a step too large for the device, and the compiler's error when a step does not
+  compile."""
   mesh = target_mesh(task, target)
   placement = Placement(mesh)
   task.check_mesh(placement)

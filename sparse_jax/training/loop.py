@@ -27,6 +27,7 @@ from sparse_jax.training.preemption import StopRequest
 from sparse_jax.training.steps import make_train_step
 from sparse_jax.training.task import Task
 from sparse_jax.training.tasks import task_for
+from sparse_jax.training.xla_fallbacks import compile_lowered
 
 
 class NonFiniteLossError(RuntimeError):
@@ -99,6 +100,7 @@ class Run:
                      parallel.replicated(mesh))
     self.train_step = make_train_step(self.graphdef, task.loss, seed=task.typed.seed,
                                       wrt=task.trainable, out_shardings=out_shardings)
+    self.compiled_step = None  # Compiled at the first step (`_compile_step`).
 
   def _build_and_restore(self) -> tuple[int, dict] | None:
     """Checks the config may resume, builds the task's objects and restores the newest
@@ -115,8 +117,21 @@ class Run:
   def step(self, step: int) -> dict[str, jax.Array]:
     """Runs training step `step` (0-based); returns its metrics, still on device."""
     batch = self.placement.global_batch(next(self.data_iterator), self.task.batch_size)
-    self.state, self.carry, metrics = self.train_step(self.state, self.carry, batch, step)
+    if self.compiled_step is None:
+      self.compiled_step = self._compile_step(batch, step)
+    self.state, self.carry, metrics = self.compiled_step(self.state, self.carry, batch, step)
     return metrics
+
+  def _compile_step(self, batch, step: int) -> jax.stages.Compiled:
+    """The training step compiled once for this run's shapes, with the XLA options it needs
+    on this platform (`training.xla_fallbacks`: on GPUs, without Triton GEMMs if their
+    tiling fails)."""
+    lowered = self.train_step.trace(self.state, self.carry, batch, step).lower()
+    compiled, options = compile_lowered(lowered, self.placement.mesh.devices.flat[0].platform)
+    if options:
+      _print(f"The training step needed XLA options {options} to compile "
+             "(sparse_jax.training.xla_fallbacks).")
+    return compiled
 
   def log(self, step: int, window: MetricsWindow) -> dict[str, float]:
     """Writes the window's metrics; raises if its loss is not finite or if a checkpoint

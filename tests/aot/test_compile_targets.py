@@ -18,19 +18,8 @@ from sparse_jax.aot import kernel_resources, memory, targets
 from sparse_jax.training import compile_only
 from sparse_jax.training.tasks import task_for
 import tiny_moe_config
+from aot_testing import needs_gpu, needs_tpu, one_device_mesh
 from cli_testing import run_script
-
-_GPU = importlib.util.find_spec("jax_cuda12_plugin") is not None
-_TPU = importlib.util.find_spec("libtpu") is not None
-needs_gpu = pytest.mark.skipif(not _GPU, reason="compile extra not installed (jax_cuda12_plugin)")
-needs_tpu = pytest.mark.skipif(not _TPU, reason="compile extra not installed (libtpu)")
-
-@pytest.fixture(autouse=True)
-def _no_persistent_cache():
-  """Executables compiled for absent devices cannot be read back from the session's cache."""
-  jax.config.update("jax_enable_compilation_cache", False)
-  yield
-  jax.config.update("jax_enable_compilation_cache", True)
 
 
 N, D, G, K, E = 2048, 256, 128, 4, 32  # tokens, d_model, expert size, k, experts
@@ -52,7 +41,7 @@ def _moe_grads(x_nd, sel_nk, gates_nk, w1_edg, w2_egd, *, op, impl):
 
 def _compile_moe(target_name, op, impl, dtype, options=None):
   target = targets.parse_target(target_name)
-  mesh = jax.sharding.Mesh(targets.target_devices(target)[:1], ("x",))
+  mesh = one_device_mesh(target)
   sharding = NamedSharding(mesh, P())
   shapes = [((N, D), dtype), ((N, K), jnp.int32), ((N, K), dtype), ((E, D, G), dtype),
             ((E, G, D), dtype)]
@@ -159,6 +148,17 @@ def test_train_py_compile_only_prints_the_memory():
   assert result.returncode == 0, result.stderr[-3000:]
   assert "training step:" in result.stdout and "evaluation step:" in result.stdout
   assert re.search(r"peak [\d.]+ GiB of the device's 79\.11 GiB: fits", result.stdout)
+
+
+@needs_tpu
+def test_train_py_compile_only_says_a_step_does_not_fit_a_tpu():
+  """libtpu refuses, at compile time, a program larger than the chip: the tiny model with
+  16384 x 1024 tokens needs float32 logits of 16384 x 1024 x 256 x 4 B = 16 GiB alone."""
+  result = run_script("train.py", "--config=tests/aot/tiny_moe_config.py", "--compile_only=v5e",
+                      "--config.data.batch_size=16384", "--config.data.seq_len=1024")
+  assert result.returncode != 0
+  assert "does not fit on v5e" in result.stderr and "RESOURCE_EXHAUSTED" in result.stderr
+  assert "Lower the batch size" in result.stderr
 
 
 def test_train_py_compile_only_refuses_an_unknown_target():

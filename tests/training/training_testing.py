@@ -22,18 +22,18 @@ def train_losses(workdir) -> dict[int, float]:
 
 
 def patch_step(monkeypatch, after_step):
-  """Wraps the jitted train step; `after_step(step_index, outputs)` may alter its outputs."""
-  real = loop.make_train_step
+  """Wraps the compiled train step; `after_step(step_index, outputs)` may alter its outputs."""
+  real = loop.Run._compile_step
 
-  def patched(*args, **kwargs):
-    step_fn = real(*args, **kwargs)
+  def patched(self, batch, step):
+    compiled = real(self, batch, step)
 
     def wrapped(state, carry, batch, step_index):
-      return after_step(step_index, step_fn(state, carry, batch, step_index))
+      return after_step(step_index, compiled(state, carry, batch, step_index))
 
     return wrapped
 
-  monkeypatch.setattr(loop, "make_train_step", patched)
+  monkeypatch.setattr(loop.Run, "_compile_step", patched)
 
 
 def sigterm_at(stop_index):
