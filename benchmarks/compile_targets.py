@@ -2,6 +2,7 @@
 
     python -m benchmarks.compile_targets --out benchmarks/compile_targets
     python -m benchmarks.compile_targets --out /tmp/ct --parts=kernels --targets=h100
+    python -m benchmarks.compile_targets --out /tmp/ct --parts=kernels --impls=mosaic
     python -m benchmarks.compile_targets --out /tmp/ct --parts=configs --bisect
     python -m benchmarks.compile_targets --out /tmp/ct --parts=configs --config_targets=v5e \
         --configs sigma_moe_paper.py:wt103_b "moe_variants.py:wt103_s,switch"
@@ -14,7 +15,8 @@ it comes.
   shapes (32768 tokens, d_model 412/1024, G 128, K 4, N_E 16/32/128) with every kernel family
   the target uses (`pallas` Triton and `mosaic` on H100/H200, `pallas` on A100, `megablox` on
   TPU v5e) and, for contrast, `ragged`: compiled or the error, XLA's temporary memory, and
-  for Triton kernels ptxas's registers, spills and occupancy (`aot.kernel_resources`).
+  for Triton and Mosaic GPU kernels ptxas's registers, spills and occupancy
+  (`aot.kernel_resources`).
 - configs: the training step of each paper config (`sigma_moe_paper`, `dense_paper`, the
   main `moe_variants` rows, `scaling_small`, `terraformer_arxiv:paper`, SPARTAN on a
   RoBERTa-base architecture) on one device of each target: peak memory per device, fits or
@@ -82,28 +84,32 @@ def kernel_row(target, op, impl, d_model, n_experts, dtype) -> dict:
   shapes = [((TOKENS, d_model), dtype), ((TOKENS, K), jnp.int32), ((TOKENS, K), dtype),
             ((n_experts, d_model, GROUP), dtype), ((n_experts, GROUP, d_model), dtype)]
   args = [jax.ShapeDtypeStruct(s, t, sharding=sharding) for s, t in shapes]
-  dump = tempfile.mkdtemp(prefix="compile_targets_")
-  started = time.perf_counter()
-  try:
-    with jax.set_mesh(mesh):
-      lowered = _moe_step(op, impl).trace(*args).lower(
-          lowering_platforms=(target.lowering_platform,))
-      options = kernel_resources.dump_options(dump) if target.platform == "gpu" else None
-      compiled = lowered.compile(options)
-  except Exception as e:  # The compiler's or our refusal: recorded, not fatal.
-    return {**row, "compiled": False, "error": f"{type(e).__name__}: {str(e).splitlines()[0]}"}
-  row.update(compiled=True, compile_seconds=round(time.perf_counter() - started, 1),
-             temp_gib=memory.MemoryUse.of(compiled).temporary / memory.GIB)
-  if target.platform == "gpu" and impl == "pallas":
-    row["kernels"] = [vars(k) | {"grid": list(k.grid)}
-                      for k in kernel_resources.kernel_resources(dump, target)]
+  with tempfile.TemporaryDirectory(prefix="compile_targets_") as dump:
+    started = time.perf_counter()
+    mosaic = target.platform == "gpu" and impl == "mosaic"
+    try:
+      with jax.set_mesh(mesh), (kernel_resources.mosaic_dump(dump) if mosaic
+                                else contextlib.nullcontext()):
+        lowered = _moe_step(op, impl).trace(*args).lower(
+            lowering_platforms=(target.lowering_platform,))
+        options = kernel_resources.dump_options(dump) if target.platform == "gpu" else None
+        compiled = lowered.compile(options)
+    except Exception as e:  # The compiler's or our refusal: recorded, not fatal.
+      return {**row, "compiled": False,
+              "error": f"{type(e).__name__}: {str(e).splitlines()[0]}"}
+    row.update(compiled=True, compile_seconds=round(time.perf_counter() - started, 1),
+               temp_gib=memory.MemoryUse.of(compiled).temporary / memory.GIB)
+    if target.platform == "gpu" and impl in ("pallas", "mosaic"):
+      read = (kernel_resources.mosaic_kernel_resources if mosaic
+              else kernel_resources.kernel_resources)
+      row["kernels"] = [vars(k) | {"grid": list(k.grid)} for k in read(dump, target)]
   return row
 
 
-def kernel_rows(target_names, quick: bool):
+def kernel_rows(target_names, impls, quick: bool):
   for name in target_names:
     target = targets.parse_target(name)
-    for impl in IMPLS[name]:
+    for impl in [i for i in IMPLS[name] if impls is None or i in impls]:
       for d_model in D_MODELS[:1] if quick else D_MODELS:
         for n_experts in N_EXPERTS[:1] if quick else N_EXPERTS:
           for dtype in (jnp.bfloat16,) if impl == "mosaic" else (jnp.bfloat16, jnp.float32):
@@ -205,6 +211,7 @@ def main():
   parser.add_argument("--configs", nargs="+", default=list(CONFIGS),
                       help="config names as in CONFIGS (default: all of them)")
   parser.add_argument("--parts", default="kernels,configs")
+  parser.add_argument("--impls", help="comma-separated kernel families (default: all)")
   parser.add_argument("--bisect", action="store_true")
   parser.add_argument("--quick", action="store_true", help="one shape per kernel family")
   args = parser.parse_args()
@@ -216,7 +223,8 @@ def main():
     parts = args.parts.split(",")
     sources = []
     if "kernels" in parts:
-      sources.append(kernel_rows(args.targets.split(","), args.quick))
+      impls = args.impls.split(",") if args.impls else None
+      sources.append(kernel_rows(args.targets.split(","), impls, args.quick))
     if "configs" in parts:
       sources.append(config_rows(args.config_targets.split(","), args.configs,
                                  roberta_dir, args.bisect))

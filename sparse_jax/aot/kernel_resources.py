@@ -7,10 +7,14 @@ registers per thread and the bytes spilled to local memory. From registers, thre
 shared memory follows the theoretical occupancy: how many of the SM's thread slots resident
 blocks can fill (CUDA Occupancy Calculator's rule, allocation granularities included).
 
-Mosaic GPU kernels are not in XLA's dumps (their PTX is ISA 9.0, which the CUDA 12 ptxas
-cannot read), so only Triton kernels are reported here.
+Mosaic GPU kernels are compiled by the CUDA plugin itself, not by XLA's pipeline: their PTX
+(ISA 9.0, beyond the CUDA 12 ptxas) is not in XLA's dumps. Under `mosaic_dump(DIR)` the plugin
+writes, per kernel, its PTX, its own ptxas report and its MLIR passes (whose `gpu.launch`
+gives the grid, threads and dynamic shared memory); `mosaic_kernel_resources` reads them.
+The plugin compiles a kernel once per process: a kernel compiled before is not dumped again.
 """
 
+import contextlib
 import dataclasses
 import glob
 import importlib.util
@@ -26,6 +30,10 @@ _LAUNCH = re.compile(r"\] (?P<name>\S+) grid: \[(?P<grid>[\d, ]+)\] threads: "
 _ENTRY = re.compile(r"Compiling entry function '(?P<name>[^']+)'")
 _SPILLS = re.compile(r"(?P<stores>\d+) bytes spill stores, (?P<loads>\d+) bytes spill loads")
 _REGISTERS = re.compile(r"Used (?P<registers>\d+) registers")
+_MOSAIC_LAUNCH = re.compile(
+    r"blocks\([^)]*\) in \(%\w+ = %c(?P<g0>\d+), %\w+ = %c(?P<g1>\d+), %\w+ = %c(?P<g2>\d+)\) "
+    r"threads\([^)]*\) in \(%\w+ = %c(?P<t0>\d+), %\w+ = %c(?P<t1>\d+), %\w+ = %c(?P<t2>\d+)\) "
+    r"dynamic_shared_memory_size %c(?P<smem>\d+)_i32")
 # Register allocation: per warp in units of 256 registers; shared memory in 128-byte units.
 _REGISTER_UNIT, _SHARED_UNIT, _MAX_BLOCKS_PER_SM = 256, 128, 32
 
@@ -76,6 +84,23 @@ def occupancy(spec: dict, threads: int, registers: int, shared_bytes: int) -> fl
   return blocks * threads / spec["threads_per_core_limit"]
 
 
+@contextlib.contextmanager
+def mosaic_dump(dump_dir: str):
+  """While open, the CUDA plugin writes each Mosaic GPU kernel it compiles into `dump_dir`
+  (the plugin reads these variables at every kernel compile)."""
+  names = {"MOSAIC_GPU_DUMP_TO": dump_dir, "MOSAIC_GPU_DUMP_PTXAS": "1"}
+  saved = {name: os.environ.get(name) for name in names}
+  os.environ.update(names)
+  try:
+    yield
+  finally:
+    for name, value in saved.items():
+      if value is None:
+        os.environ.pop(name)
+      else:
+        os.environ[name] = value
+
+
 def _launches(dump_dir: str, prefix: str) -> dict[str, dict]:
   """Kernel name -> grid, threads, shared memory, from the thunk sequences in `dump_dir`."""
   found = {}
@@ -94,8 +119,13 @@ def _ptxas(ptx_path: str, sm: str) -> dict[str, dict]:
   """Kernel name -> registers and spills, from `ptxas -v` on one PTX file."""
   out = subprocess.run([ptxas_path(), f"-arch={sm}", "-v", ptx_path, "-o", os.devnull],
                        capture_output=True, text=True, check=True)
+  return _ptxas_report(out.stdout + out.stderr)
+
+
+def _ptxas_report(text: str) -> dict[str, dict]:
+  """Kernel name -> registers and spills, from the text `ptxas -v` prints."""
   reports, name = {}, None
-  for line in (out.stdout + out.stderr).splitlines():
+  for line in text.splitlines():
     if entry := _ENTRY.search(line):
       name = entry["name"]
       reports[name] = {}
@@ -125,3 +155,32 @@ def kernel_resources(dump_dir: str, target: targets.Target,
       occupancy=occupancy(target.spec, launch["threads"], reports[name]["registers"],
                           launch["shared_bytes"]))
           for name, launch in sorted(launches.items()) if name in reports]
+
+
+def mosaic_kernel_resources(dump_dir: str, target: targets.Target) -> list[KernelResources]:
+  """Every Mosaic GPU kernel the plugin wrote into `dump_dir` (`mosaic_dump`), named after
+  its dump file (`mosaic_0`, ... in compile order: the plugin names every kernel
+  `anonymous`)."""
+  found = []
+  for report_path in sorted(glob.glob(os.path.join(dump_dir, "*.ptxas")),
+                            key=lambda p: int(re.sub(r"\D", "", os.path.basename(p)) or 0)):
+    stem = report_path.removesuffix(".ptxas")
+    with open(report_path, encoding="utf-8") as f:
+      (report,) = _ptxas_report(f.read()).values()
+    launch = _mosaic_launch(stem + ".mlir-passes.log")
+    found.append(KernelResources(
+        name=f"mosaic_{len(found)}", **launch, **report,
+        occupancy=occupancy(target.spec, launch["threads"], report["registers"],
+                            launch["shared_bytes"])))
+  return found
+
+
+def _mosaic_launch(log_path: str) -> dict:
+  """Grid, threads and dynamic shared memory of the `gpu.launch` in a Mosaic MLIR log."""
+  with open(log_path, encoding="utf-8") as f:
+    for line in f:
+      if match := _MOSAIC_LAUNCH.search(line):
+        return {"grid": tuple(int(match[f"g{i}"]) for i in range(3)),
+                "threads": math.prod(int(match[f"t{i}"]) for i in range(3)),
+                "shared_bytes": int(match["smem"])}
+  raise ValueError(f"no gpu.launch in {log_path}")

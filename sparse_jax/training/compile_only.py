@@ -11,6 +11,7 @@ What it cannot: speed, numerics, or memory a runtime adds outside XLA's buffers.
 
 import dataclasses
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -92,7 +93,9 @@ class DoesNotFitError(RuntimeError):
   compile time, so no executable, and no breakdown of its memory, exists)."""
 
 
-_TPU_OUT_OF_MEMORY = "RESOURCE_EXHAUSTED"
+# libtpu's message ("Ran out of memory on HBM", older "in memory space hbm"); running out of
+# VMEM or SMEM instead is a kernel that does not compile, reported as such.
+_TPU_OUT_OF_HBM = re.compile(r"out of memory (on|in memory space) hbm", re.IGNORECASE)
 
 
 def compile_for(traced: jax.stages.Traced, target: targets.Target
@@ -103,7 +106,7 @@ def compile_for(traced: jax.stages.Traced, target: targets.Target
   try:
     return xla_fallbacks.compile_lowered(lowered, target.platform)
   except jax.errors.JaxRuntimeError as e:
-    if target.platform == "tpu" and _TPU_OUT_OF_MEMORY in str(e):
+    if target.platform == "tpu" and _TPU_OUT_OF_HBM.search(str(e)):
       raise DoesNotFitError(f"does not fit on {target} ({target.description}): "
                             f"{str(e).splitlines()[0]}") from e
     raise

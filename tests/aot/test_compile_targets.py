@@ -39,12 +39,12 @@ def _moe_grads(x_nd, sel_nk, gates_nk, w1_edg, w2_egd, *, op, impl):
   return jax.grad(loss, argnums=(0, 1, 2, 3))(x_nd, gates_nk, w1_edg, w2_egd)
 
 
-def _compile_moe(target_name, op, impl, dtype, options=None):
+def _compile_moe(target_name, op, impl, dtype, options=None, d_model=D):
   target = targets.parse_target(target_name)
   mesh = one_device_mesh(target)
   sharding = NamedSharding(mesh, P())
-  shapes = [((N, D), dtype), ((N, K), jnp.int32), ((N, K), dtype), ((E, D, G), dtype),
-            ((E, G, D), dtype)]
+  shapes = [((N, d_model), dtype), ((N, K), jnp.int32), ((N, K), dtype),
+            ((E, d_model, G), dtype), ((E, G, d_model), dtype)]
   args = [jax.ShapeDtypeStruct(s, t, sharding=sharding) for s, t in shapes]
   fn = jax.jit(lambda *a: _moe_grads(*a, op=op, impl=impl))
   with jax.set_mesh(mesh):
@@ -106,6 +106,22 @@ def test_triton_kernels_do_not_spill(target_name, tmp_path):
       assert not kernel.spills, kernel
       assert 0 < kernel.registers <= 255 and kernel.occupancy > 0, kernel
       assert kernel.shared_bytes <= target.spec["shared_memory_per_block_optin"], kernel
+
+
+@needs_gpu
+def test_mosaic_kernels_do_not_spill(tmp_path):
+  """The plugin compiles each Mosaic kernel once per process: a d_model no other test uses
+  makes sure these are compiled (and dumped) here."""
+  target = targets.parse_target("h100")
+  with kernel_resources.mosaic_dump(str(tmp_path)):
+    _compile_moe("h100", "expert_mlp", "mosaic", jnp.bfloat16, d_model=384)
+  found = kernel_resources.mosaic_kernel_resources(str(tmp_path), target)
+  assert len(found) >= 3, found  # Forward, input gradient, weight gradient at least.
+  for kernel in found:
+    assert not kernel.spills, kernel
+    assert 0 < kernel.registers <= 255 and kernel.threads % 128 == 0, kernel
+    assert 0 < kernel.shared_bytes <= target.spec["shared_memory_per_block_optin"], kernel
+    assert kernel.occupancy > 0, kernel
 
 
 def test_occupancy_follows_the_calculators_rule():
