@@ -52,7 +52,7 @@ CONFIGS = ("sigma_moe_paper.py:wt103_s", "sigma_moe_paper.py:wt103_s_star",
            "sigma_moe_paper.py:wt103_b", "sigma_moe_paper.py:e8", "dense_paper.py:wt103_s",
            "dense_paper.py:wt103_s_star", "dense_paper.py:wt103_b",
            "moe_variants.py:wt103_s,switch", "moe_variants.py:wt103_s,noisy_topk",
-           "moe_variants.py:wt103_s,sbase", "moe_variants.py:wt103_s,pkm",
+           "moe_variants.py:wt103_s,sbase", "moe_variants.py:wt103_s,pkm_relu",
            "scaling_small.py:dense", "scaling_small.py:ff_qkv_loss",
            "terraformer_arxiv.py:paper", "spartan_rte.py:spartan")
 # RoBERTa-base's architecture (its config.json on the Hugging Face hub): SPARTAN compiles on
@@ -185,6 +185,8 @@ def markdown(rows: list[dict]) -> str:
     res = "; ".join(f"{k['name']} {k['registers']} / {k['spill_stores'] + k['spill_loads']} B"
                     f" / {k['shared_bytes'] // 1024} / {k['occupancy']:.0%}"
                     for k in r.get("kernels", []))
+    if r["compiled"] and r["impl"] == "mosaic" and not res:
+      res = "the kernels of an earlier row (the plugin compiles a kernel once per process)"
     status = "yes" if r["compiled"] else f"no: {r['error'][:120]}"
     temp = f"{r['temp_gib']:.2f}" if r["compiled"] else ""
     lines.append(f"| {r['target']} | {r['op']} | {r['impl']} | {r['d_model']} | "
@@ -193,14 +195,23 @@ def markdown(rows: list[dict]) -> str:
             "| fits | largest batch | XLA options |", "|---|---|---|---|---|---|---|---|---|---|"]
   for r in configs:
     if not r["compiled"]:
+      fits = "no" if r.get("fits") is False else ""  # libtpu's refusal: too large.
       lines.append(f"| {r['target']} | {r['config']} | {r['batch_size']} | no: "
-                   f"{r['error'][:160]} | | | | | | |")
+                   f"{r['error'][:160]} | | | | {fits} | {_largest(r)} | |")
       continue
     lines.append(f"| {r['target']} | {r['config']} | {r['batch_size']} | yes | "
                  f"{r['train_gib']:.2f} | {r['eval_peak_gib']:.2f} | {r['device_gib']:.1f} | "
-                 f"{'yes' if r['fits'] else 'no'} | {r.get('largest_batch', '')} | "
+                 f"{'yes' if r['fits'] else 'no'} | {_largest(r)} | "
                  f"{r['xla_options'] or ''} |")
   return "\n".join(lines) + "\n"
+
+
+def _largest(row: dict) -> str:
+  """The bisection's answer; at its cap (`MAX_BATCH_FACTOR`), a lower bound."""
+  largest = row.get("largest_batch", "")
+  if largest and largest >= MAX_BATCH_FACTOR * row["batch_size"]:
+    return f">= {largest}"
+  return "none" if "largest_batch" in row and largest is None else str(largest)
 
 
 def main():
@@ -220,6 +231,8 @@ def main():
   with tempfile.TemporaryDirectory() as roberta_dir:
     with open(os.path.join(roberta_dir, "config.json"), "w", encoding="utf-8") as f:
       json.dump(ROBERTA_BASE, f)
+    for name in args.configs if "configs" in args.parts else ():
+      _config(name, roberta_dir)  # A misspelt config fails now, not an hour in.
     parts = args.parts.split(",")
     sources = []
     if "kernels" in parts:

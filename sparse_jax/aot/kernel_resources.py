@@ -88,7 +88,8 @@ def occupancy(spec: dict, threads: int, registers: int, shared_bytes: int) -> fl
 def mosaic_dump(dump_dir: str):
   """While open, the CUDA plugin writes each Mosaic GPU kernel it compiles into `dump_dir`
   (the plugin reads these variables at every kernel compile)."""
-  names = {"MOSAIC_GPU_DUMP_TO": dump_dir, "MOSAIC_GPU_DUMP_PTXAS": "1"}
+  names = {"MOSAIC_GPU_DUMP_TO": dump_dir, "MOSAIC_GPU_DUMP_PTXAS": "1",
+           "MOSAIC_GPU_DUMP_MLIR_PASSES": "1"}
   saved = {name: os.environ.get(name) for name in names}
   os.environ.update(names)
   try:
