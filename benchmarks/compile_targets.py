@@ -39,6 +39,11 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
+# The tables describe what training compiles, even where the environment asks for fast,
+# unoptimised compiles (JAX_DISABLE_MOST_OPTIMIZATIONS, as the test suite sets): without
+# optimisation Triton's kernels use other registers and may spill.
+jax.config.update("jax_disable_most_optimizations", False)
+
 import pallas_kernels  # noqa: E402
 from sparse_jax.aot import kernel_resources, memory  # noqa: E402
 from sparse_jax.training.compile_only import DoesNotFitError, compile_task  # noqa: E402
@@ -55,9 +60,9 @@ CONFIGS = ("sigma_moe_paper.py:wt103_s", "sigma_moe_paper.py:wt103_s_star",
            "moe_variants.py:wt103_s,sbase", "moe_variants.py:wt103_s,pkm_relu",
            "scaling_small.py:dense", "scaling_small.py:ff_qkv_loss",
            "terraformer_arxiv.py:paper", "spartan_rte.py:spartan")
+MAX_BATCH_FACTOR = 16  # --bisect stops doubling at 16x the config's batch.
 # RoBERTa-base's architecture (its config.json on the Hugging Face hub): SPARTAN compiles on
 # its shapes; no weights are needed to compile.
-MAX_BATCH_FACTOR = 16  # --bisect stops doubling at 16x the config's batch.
 ROBERTA_BASE = {"vocab_size": 50265, "hidden_size": 768, "num_hidden_layers": 12,
                 "num_attention_heads": 12, "intermediate_size": 3072,
                 "max_position_embeddings": 514, "type_vocab_size": 1, "pad_token_id": 1,

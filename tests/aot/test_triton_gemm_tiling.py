@@ -20,15 +20,6 @@ _TRITON_GEMM = re.compile(r'"kind":"__triton\w*gemm\w*"')  # The fusion kinds XL
 _CUBLAS = re.compile(r'custom_call_target="__cublas')
 
 
-@pytest.fixture(autouse=True)
-def _xla_optimizes():
-  """The failure is in XLA:GPU's optimising pipeline (Triton GEMM fusion), which the suite's
-  `jax_disable_most_optimizations` would skip."""
-  jax.config.update("jax_disable_most_optimizations", False)
-  yield
-  jax.config.update("jax_disable_most_optimizations", True)
-
-
 def _lower(target_name: str, fn, *shapes) -> jax.stages.Lowered:
   target = targets.parse_target(target_name)
   mesh = one_device_mesh(target)
