@@ -84,7 +84,7 @@ def kernel_row(target, op, impl, d_model, n_experts, dtype) -> dict:
   """One compile of `op`'s forward + backward, with its memory and kernel resources."""
   row = {"target": target.name, "op": op, "impl": impl, "d_model": d_model,
          "n_experts": n_experts, "dtype": jnp.dtype(dtype).name}
-  mesh = jax.sharding.Mesh(targets.target_devices(target)[:1], ("x",))
+  mesh = targets.one_device_mesh(target)
   sharding = NamedSharding(mesh, P())
   shapes = [((TOKENS, d_model), dtype), ((TOKENS, K), jnp.int32), ((TOKENS, K), dtype),
             ((n_experts, d_model, GROUP), dtype), ((n_experts, GROUP, d_model), dtype)]

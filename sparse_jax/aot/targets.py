@@ -162,3 +162,8 @@ def target_devices(target: Target) -> tuple[jax.Device, ...]:
   else:
     topology = topologies.get_topology_desc(f"{target.name}:{target.shape}", platform="tpu")
   return tuple(topology.devices)
+
+
+def one_device_mesh(target: Target) -> jax.sharding.Mesh:
+  """A one-axis mesh (`x`) over the first of `target`'s abstract devices."""
+  return jax.sharding.Mesh(target_devices(target)[:1], ("x",))

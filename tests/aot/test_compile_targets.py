@@ -18,7 +18,7 @@ from sparse_jax.aot import kernel_resources, memory, targets
 from sparse_jax.training import compile_only
 from sparse_jax.training.tasks import task_for
 import tiny_moe_config
-from aot_testing import needs_gpu, needs_tpu, one_device_mesh
+from aot_testing import needs_gpu, needs_tpu
 from cli_testing import run_script
 
 
@@ -41,7 +41,7 @@ def _moe_grads(x_nd, sel_nk, gates_nk, w1_edg, w2_egd, *, op, impl):
 
 def _compile_moe(target_name, op, impl, dtype, options=None, d_model=D):
   target = targets.parse_target(target_name)
-  mesh = one_device_mesh(target)
+  mesh = targets.one_device_mesh(target)
   sharding = NamedSharding(mesh, P())
   shapes = [((N, d_model), dtype), ((N, K), jnp.int32), ((N, K), dtype),
             ((E, d_model, G), dtype), ((E, G, d_model), dtype)]

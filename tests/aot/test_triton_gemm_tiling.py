@@ -13,7 +13,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from sparse_jax.aot import targets
 from sparse_jax.layers.xl_attention import RelativeMultiHeadAttention
 from sparse_jax.training import xla_fallbacks
-from aot_testing import needs_gpu, one_device_mesh
+from aot_testing import needs_gpu
 
 B, K, H, D = 64, 512, 10, 412  # WT-103 S: batch 64, memory + segment 512, 10 heads, d 412.
 _TRITON_GEMM = re.compile(r'"kind":"__triton\w*gemm\w*"')  # The fusion kinds XLA names them.
@@ -22,7 +22,7 @@ _CUBLAS = re.compile(r'custom_call_target="__cublas')
 
 def _lower(target_name: str, fn, *shapes) -> jax.stages.Lowered:
   target = targets.parse_target(target_name)
-  mesh = one_device_mesh(target)
+  mesh = targets.one_device_mesh(target)
   replicated = NamedSharding(mesh, P())
   args = [jax.ShapeDtypeStruct(s, jnp.float32, sharding=replicated) for s in shapes]
   with jax.set_mesh(mesh):
