@@ -118,6 +118,25 @@ def target_mesh(task: Task, target: targets.Target):
   return parallel.make_mesh(parallel.mesh_shape(task.typed.mesh, len(devices)), devices)
 
 
+def trace_train_step(task: Task, placement: Placement):
+  """The task's training step traced on shapes placed on `placement`'s mesh (call under
+  `jax.set_mesh`), as training would build it; returns `(traced, graphdef, state, carry)`.
+  Nothing is allocated."""
+  model, optimizer = nnx.eval_shape(task.init_model_and_optimizer)
+  graphdef, state = nnx.split((model, optimizer))
+  state = placement.placed_shapes(state, placement.state_shardings(state))
+  carry = jax.eval_shape(lambda: task.init_carry(model, placement))
+  carry = placement.placed_shapes(carry, task.carry_shardings(placement))
+  batch = placement.batch_shapes(task.batch_shapes())
+  replicated = parallel.replicated(placement.mesh)
+  train_step = make_train_step(graphdef, task.loss, seed=task.typed.seed, wrt=task.trainable,
+                               out_shardings=(placement.state_shardings(state),
+                                              task.carry_shardings(placement), replicated),
+                               accum_steps=task.typed.train.grad_accum_steps, carry_rows=task)
+  step_index = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
+  return train_step.trace(state, carry, batch, step_index), graphdef, state, carry
+
+
 def compile_task(task: Task, target: targets.Target) -> CompiledTask:
   """Compiles `task`'s training and evaluation steps for `target` (module docstring).
   Raises `targets.TargetError` when the target's compiler is not installed, `ConfigError`
@@ -127,19 +146,10 @@ def compile_task(task: Task, target: targets.Target) -> CompiledTask:
   mesh = target_mesh(task, target)
   placement = Placement(mesh)
   task.check_mesh(placement)
+  task.check_accumulation(placement)
   with jax.set_mesh(mesh):
-    model, optimizer = nnx.eval_shape(task.init_model_and_optimizer)
-    graphdef, state = nnx.split((model, optimizer))
-    state = placement.placed_shapes(state, placement.state_shardings(state))
-    carry = jax.eval_shape(lambda: task.init_carry(model, placement))
-    carry = placement.placed_shapes(carry, task.carry_shardings(placement))
-    batch = placement.batch_shapes(task.batch_shapes())
-    replicated = parallel.replicated(mesh)
-    train_step = make_train_step(graphdef, task.loss, seed=task.typed.seed, wrt=task.trainable,
-                                 out_shardings=(placement.state_shardings(state),
-                                                task.carry_shardings(placement), replicated))
-    step_index = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
-    train, options = compile_for(train_step.trace(state, carry, batch, step_index), target)
+    traced, graphdef, state, carry = trace_train_step(task, placement)
+    train, options = compile_for(traced, target)
     model = nnx.merge(graphdef, state)[0]
     eval_fn, eval_args = task.eval_step(model, placement)
     params = nnx.state(model)

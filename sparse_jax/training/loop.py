@@ -24,6 +24,7 @@ from sparse_jax.training.metrics_writer import MetricsWriter
 from sparse_jax.training.optimizer import learning_rate_schedule
 from sparse_jax.training.placement import Placement
 from sparse_jax.training.preemption import StopRequest
+from sparse_jax.training.routing_health import RoutingHealth
 from sparse_jax.training.steps import make_train_step
 from sparse_jax.training.task import Task
 from sparse_jax.training.tasks import task_for
@@ -55,7 +56,8 @@ class MetricsWindow:
     self.start_step, self.metrics, self.started = start_step, [], time.perf_counter()
 
   def flush(self, items_per_step: int, rate_name: str) -> dict[str, float]:
-    """The window's mean metrics plus `rate_name` (items per second); raises
+    """The window's mean metrics (a per-step vector, such as a layer's routing
+    `token_share`, elementwise) plus `rate_name` (items per second); raises
     `NonFiniteLossError` naming the first step whose loss is not finite."""
     host = jax.device_get(self.metrics)
     losses = np.array([m["loss"] for m in host])
@@ -66,7 +68,7 @@ class MetricsWindow:
           f"training loss is {losses[bad[0]]} at step {step}; stopping. The last good "
           "checkpoint is kept; lower train.lr or check the data.")
     seconds = time.perf_counter() - self.started
-    mean = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
+    mean = {k: np.mean([m[k] for m in host], axis=0) for k in host[0]}
     mean[rate_name] = items_per_step * len(host) / seconds
     return mean
 
@@ -81,6 +83,7 @@ class Run:
     self.task, self.config, self.workdir = task, task.config, workdir
     self.placement = placement = Placement(mesh)
     task.check_mesh(placement)
+    task.check_accumulation(placement)
     self.checkpointer = Checkpointer(workdir, max_to_keep=train_cfg.keep_checkpoints,
                                      params=task.checkpoint_params)
     try:
@@ -94,12 +97,14 @@ class Run:
       _print(f"Resuming from the checkpoint of step {self.start} in {workdir}.")
       self.carry = task.carry_from_extras(extras, self.carry)
     self.writer = MetricsWriter(workdir) if is_main_process() else None
+    self.routing_health = RoutingHealth(warn=is_main_process())
     self.lr = learning_rate_schedule(train_cfg)
     self.graphdef, self.state = nnx.split((self.model, self.optimizer))
     out_shardings = (placement.state_shardings(self.state), task.carry_shardings(placement),
                      parallel.replicated(mesh))
     self.train_step = make_train_step(self.graphdef, task.loss, seed=task.typed.seed,
-                                      wrt=task.trainable, out_shardings=out_shardings)
+                                      wrt=task.trainable, out_shardings=out_shardings,
+                                      accum_steps=train_cfg.grad_accum_steps, carry_rows=task)
     self.compiled_step = None  # Compiled at the first step (`_compile_step`).
 
   def _build_and_restore(self) -> tuple[int, dict] | None:
@@ -137,7 +142,8 @@ class Run:
     """Writes the window's metrics; raises if its loss is not finite or if a checkpoint
     write has failed in the background since (so a failed save stops the run here)."""
     self.checkpointer.check_writes()
-    logged = window.flush(self.task.items_per_step, self.task.rate_name)
+    logged = self.routing_health(step, window.flush(self.task.items_per_step,
+                                                    self.task.rate_name))
     logged.update(self.task.log_metrics(logged), lr=float(self.lr(step - 1)))
     self._write(step, "train", logged)
     return logged

@@ -41,6 +41,8 @@ class TrainConfig(schema.Schema):
   eval_every: schema.PositiveInt
   ckpt_every: schema.PositiveInt
   keep_checkpoints: schema.PositiveInt = 2
+  # Micro-batches per step (along the batch axis); gradients summed as one large batch would.
+  grad_accum_steps: schema.PositiveInt = 1
 
   def check(self, path: str) -> None:
     validation.require(self.warmup_steps < self.steps, f"{path}.warmup_steps",

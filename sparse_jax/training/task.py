@@ -14,9 +14,10 @@ import jax
 import ml_collections
 from flax import nnx
 
-from sparse_jax import schema
+from sparse_jax import schema, validation
 from sparse_jax.training.checkpointing import Checkpointer, ParamsItem
 from sparse_jax.training.placement import Placement
+from sparse_jax.training.steps import join_rows, split_rows
 
 
 class Task(abc.ABC):
@@ -58,6 +59,16 @@ class Task(abc.ABC):
   def check_mesh(self, placement: Placement) -> None:
     """Raises `ConfigError` unless the task's batches split over the mesh."""
     placement.check_batch(self.batch_size, "train batch size")
+
+  def check_accumulation(self, placement: Placement) -> None:
+    """Raises `ConfigError` unless `train.grad_accum_steps` divides the training batch into
+    micro-batches that each split over the mesh."""
+    n = self.typed.train.grad_accum_steps
+    validation.require(self.batch_size % n == 0, "train.grad_accum_steps",
+                       f"a divisor of the training batch size ({self.batch_size})", n)
+    if n > 1:
+      placement.check_batch(self.batch_size // n,
+                            f"the micro-batch (batch size / train.grad_accum_steps = {n})")
 
   @abc.abstractmethod
   def init_model_and_optimizer(self) -> tuple[nnx.Module, nnx.Optimizer]:
@@ -110,6 +121,16 @@ class Task(abc.ABC):
   def carry_shardings(self, placement: Placement):
     del placement
     return None
+
+  def split_carry(self, carry, n: int):
+    """The carry as `n` micro-batches on a new leading axis (`train.grad_accum_steps`), each
+    holding the rows of `steps.split_rows`' micro-batch; by default every array's first axis
+    is its batch axis."""
+    return jax.tree.map(lambda x: split_rows(x, n), carry)
+
+  def join_carry(self, carry_n):
+    """The inverse of `split_carry`."""
+    return jax.tree.map(join_rows, carry_n)
 
   def checkpoint_extras(self, carry) -> dict:
     """Named extra checkpoint items holding `carry` (item name -> pytree of arrays)."""

@@ -35,7 +35,9 @@ def test_a_few_dozen_steps_lower_the_loss(tiny_config, tmp_path):
   assert np.isfinite(final["bits_per_byte"]) and final["step"] == 40
 
 
-def test_resume_after_sigterm_is_exact(tiny_config, tmp_path, monkeypatch):
+@pytest.mark.parametrize("accum", [1, 2])
+def test_resume_after_sigterm_is_exact(tiny_config, tmp_path, monkeypatch, accum):
+  tiny_config.train.grad_accum_steps = accum
   straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
   train_and_evaluate(tiny_config, straight)
 

@@ -21,7 +21,7 @@ from sparse_jax.models.lm import LMConfig, TransformerLM
 from sparse_jax.models.xl_memory import XLMemory
 from sparse_jax.training.optimizer import TrainConfig, make_optimizer
 from sparse_jax.training.placement import Placement
-from sparse_jax.training.steps import make_rngs
+from sparse_jax.training.steps import join_rows, make_rngs, split_rows
 from sparse_jax.training.task import Task
 from sparse_jax.training.tasks.lm_evaluation import (Evaluator, cross_entropy, make_eval_step,
                                                     unit_metric)
@@ -149,6 +149,14 @@ class LanguageModelTask(Task):
 
   def carry_shardings(self, placement: Placement) -> XLMemory:
     return placement.memory_shardings()
+
+  def split_carry(self, memory: XLMemory, n: int) -> XLMemory:
+    """Each micro-batch's streams keep their own memory rows (batch axis 1)."""
+    return XLMemory(split_rows(memory.hidden_lbmd, n, axis=1),
+                    jnp.broadcast_to(memory.valid, (n,)))
+
+  def join_carry(self, memory_n: XLMemory) -> XLMemory:
+    return XLMemory(join_rows(memory_n.hidden_lbmd, axis=1), memory_n.valid[-1])
 
   def checkpoint_extras(self, memory: XLMemory) -> dict:
     return {"memory": {"hidden": memory.hidden_lbmd, "valid": memory.valid}}
