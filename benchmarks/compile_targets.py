@@ -25,6 +25,7 @@ it comes.
 
 import argparse
 import contextlib
+import functools
 import importlib
 import json
 import os
@@ -131,9 +132,14 @@ def _config(name: str, roberta_dir: str):
   return config
 
 
-def config_row(target, name: str, roberta_dir: str, batch_size: int | None = None) -> dict:
+def config_row(target, name: str, roberta_dir: str, batch_size: int | None = None,
+               overrides: dict | None = None) -> dict:
+  """`name` compiled for one device of `target` (`overrides`: dotted config fields)."""
   config = _config(name, roberta_dir)
   config.mesh.update(data=1, fsdp=1, expert=1)
+  for dotted, value in (overrides or {}).items():
+    *sections, field = dotted.split(".")
+    functools.reduce(lambda c, key: c[key], sections, config)[field] = value
   batch = config.train if "batch_size" in config.train else config.data
   if batch_size:
     batch.batch_size = batch_size

@@ -17,6 +17,9 @@ def paper_train_and_eval(config: ml_collections.ConfigDict) -> None:
   config.train = ml_collections.ConfigDict({
       "steps": 100_000, "lr": 2.5e-4, "warmup_steps": 0, "grad_clip": 0.25,
       "log_every": 100, "eval_every": 10_000, "ckpt_every": 1000, "keep_checkpoints": 2})
+  # `--config.train.profile_steps=10,15`: a jax.profiler trace of steps 11-15 in
+  # WORKDIR/profile (README "Profiles"); None: no trace.
+  config.train.profile_steps = config_dict.placeholder(str)
   config.eval = ml_collections.ConfigDict()
   config.eval.batch_size = 4
   config.eval.mem_len = config.data.get_ref("seq_len") * 4

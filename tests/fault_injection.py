@@ -18,6 +18,8 @@ runs the real `train.py` (as `__main__`) after patching Orbax where the environm
   FAULT_FSIZE=STEP:BYTES from the save of step STEP on, no file this process writes may grow
                          beyond BYTES (RLIMIT_FSIZE, SIGXFSZ ignored): the OS fails those
                          writes with EFBIG, as a full disk fails them with ENOSPC.
+  FAULT_SIGTERM=STEP     this process sends itself SIGTERM during training step STEP (0-based),
+                         as a preemption notice that reaches one process of a job.
 """
 
 import os
@@ -28,7 +30,7 @@ import sys
 
 from orbax.checkpoint._src.path import atomicity, deleter
 
-from sparse_jax.training import checkpointing
+from sparse_jax.training import checkpointing, loop
 
 
 def _kill_once() -> None:
@@ -102,6 +104,23 @@ def _patch_file_size(from_step: int, max_bytes: int) -> None:
   checkpointing.Checkpointer.save = save
 
 
+def _patch_sigterm(stop_index: int) -> None:
+  """Wraps the compiled training step to signal this process during step `stop_index`."""
+  real = loop.Run._compile_step
+
+  def compile_step(self, batch, step):
+    compiled = real(self, batch, step)
+
+    def step_fn(state, carry, batch, step_index):
+      if step_index == stop_index:
+        os.kill(os.getpid(), signal.SIGTERM)
+      return compiled(state, carry, batch, step_index)
+
+    return step_fn
+
+  loop.Run._compile_step = compile_step
+
+
 def main() -> None:
   kill = _kill_spec()
   _patch_commit(float(os.environ.get("FAULT_SAVE_DELAY", "0")), kill)
@@ -110,6 +129,8 @@ def main() -> None:
   if os.environ.get("FAULT_FSIZE"):
     step, max_bytes = map(int, os.environ["FAULT_FSIZE"].split(":"))
     _patch_file_size(step, max_bytes)
+  if os.environ.get("FAULT_SIGTERM"):
+    _patch_sigterm(int(os.environ["FAULT_SIGTERM"]))
   script = sys.argv[1]
   sys.argv = sys.argv[1:]
   sys.path.insert(0, os.path.dirname(os.path.abspath(script)))

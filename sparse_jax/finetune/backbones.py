@@ -21,6 +21,7 @@ from sparse_jax.data.task_tokenizers import ByteTokenizer, RobertaTokenizer
 from sparse_jax.finetune import methods
 from sparse_jax.models import hf_roberta
 from sparse_jax.models.classifier import SequenceClassifier
+from sparse_jax.layers.precision import COMPUTE_DTYPES
 from sparse_jax.models.lm import TransformerLM
 from sparse_jax.training.checkpointing import Checkpointer
 from sparse_jax.training.steps import make_rngs
@@ -35,6 +36,8 @@ class BackboneConfig(schema.Schema):
   kind: Literal[BACKBONES]
   path: str
   step: schema.PositiveInt | None = None
+  # The compute dtype while fine-tuning (`model.dtype`); None: the backbone's own.
+  dtype: Literal[tuple(COMPUTE_DTYPES)] | None = None
 
   def check(self, path: str) -> None:
     validation.require(bool(self.path), f"{path}.path",
@@ -105,6 +108,9 @@ def new_classifier(config, num_classes: int,
   backbone's config without its weights) with `config.method`'s plug-ins and a task head, all
   initialised from `config.seed`."""
   model_cfg = backbone_model_config(config.backbone) if model_cfg is None else model_cfg
+  dtype = parse(config.backbone).dtype
+  if dtype is not None:
+    model_cfg = ml_collections.ConfigDict({**dict(model_cfg), "dtype": dtype})
   method = methods.parse(config.method)
   return SequenceClassifier(methods.with_method(model_cfg, method), num_classes,
                             head_dropout=method.head_dropout, rngs=make_rngs(config.seed))

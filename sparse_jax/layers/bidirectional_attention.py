@@ -14,13 +14,22 @@ from flax import nnx
 from sparse_jax.layers.causal_attention import attend
 
 
+class Linear(nnx.Linear):
+  """`nnx.Linear` computing in its input's dtype (the float32 kernel and bias cast to it), as
+  every layer here does, so a bfloat16 input gives a bfloat16 matmul (`layers.precision`)."""
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    y = x @ self.kernel[...].astype(x.dtype)
+    return y if self.bias is None else y + self.bias[...].astype(x.dtype)
+
+
 def normal_linear(d_in: int, d_out: int, std: float, rngs: nnx.Rngs, *,
-                  axes: tuple[str, str]) -> nnx.Linear:
-  """A biased `nnx.Linear` with `N(0, std^2)` weights and zero bias (BERT's init).
+                  axes: tuple[str, str]) -> Linear:
+  """A biased `Linear` with `N(0, std^2)` weights and zero bias (BERT's init).
 
   `axes` are the logical axes of its input and output (`sparse_jax.parallel`).
   """
-  return nnx.Linear(d_in, d_out, kernel_init=jax.nn.initializers.normal(std),
+  return Linear(d_in, d_out, kernel_init=jax.nn.initializers.normal(std),
                     kernel_metadata={"logical_axes": axes},
                     bias_metadata={"logical_axes": axes[1:]}, rngs=rngs)
 

@@ -20,6 +20,7 @@ from flax import nnx
 
 from sparse_jax.layers import initializers
 from sparse_jax.layers.rotary import apply_rotary
+from sparse_jax.layers.precision import f32_einsum
 
 
 def causal_mask(t: int) -> jax.Array:
@@ -34,7 +35,7 @@ def attend(q_bthc: jax.Array, k_bkhc: jax.Array, v_bkhc: jax.Array, mask_tk: jax
   Scores and softmax are float32 whatever the input dtype; dropout acts on the probabilities.
   """
   dtype = q_bthc.dtype
-  scores_bhtk = jnp.einsum("bthc,bkhc->bhtk", q_bthc, k_bkhc, preferred_element_type=jnp.float32)
+  scores_bhtk = f32_einsum("bthc,bkhc->bhtk", q_bthc, k_bkhc)
   scores_bhtk = jnp.where(mask_tk, scores_bhtk / math.sqrt(q_bthc.shape[-1]), -1e30)
   probs_bhtk = dropout(jax.nn.softmax(scores_bhtk, axis=-1)).astype(dtype)
   return jnp.einsum("bhtk,bkhc->bthc", probs_bhtk, v_bkhc.astype(dtype))

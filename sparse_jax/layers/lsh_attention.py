@@ -84,6 +84,7 @@ from sparse_jax import validation
 from sparse_jax.layers import initializers
 from sparse_jax.layers.multiplicative_dense import MultiplicativeDense
 from sparse_jax.layers.sparse_qkv_attention import CausalModuleConv
+from sparse_jax.layers.precision import f32_einsum
 
 QKV_KINDS = ("dense", "sparse")
 MASKED = 1e9  # Subtracted from causally masked and padding keys' scores (Trax).
@@ -201,8 +202,7 @@ def chunked_lsh_attention(qk_bhtc: jax.Array, v_bhtc: jax.Array, buckets_bhnt: j
 
   q_bhkqc = chunks(sqk_bhlc)
   k_bhkwc = adjacent(normalized_keys(sqk_bhlc).astype(dtype))
-  scores_bhkqw = jnp.einsum("bhkqc,bhkwc->bhkqw", q_bhkqc, k_bhkwc,
-                            preferred_element_type=compute_dtype(dtype))
+  scores_bhkqw = f32_einsum("bhkqc,bhkwc->bhkqw", q_bhkqc, k_bhkwc)
   scores_bhkqw = scores_bhkqw - mask_penalty(
       chunks(pos_bhl)[..., :, None], adjacent(pos_bhl)[..., None, :],
       adjacent(svalid_bhl)[..., None, :], causal, scores_bhkqw.dtype)
@@ -301,7 +301,7 @@ class DenseSharedQK(nnx.Module):
 
   def flops_per_token(self) -> int:
     """Shared QK, V and output projections: `3 d_model H Dh` multiply-adds."""
-    return 3 * self.w_qk[...].size
+    return 3 * self.w_qk.size  # `.size`, not `[...]`: also on abstract (eval_shape) layers.
 
 
 class SparseSharedQK(nnx.Module):
@@ -352,7 +352,7 @@ class SparseSharedQK(nnx.Module):
   def flops_per_token(self) -> int:
     """The multiplicative layer and the three convolutions (as `SparseQKVAttention`)."""
     convs = (self.conv_q, self.conv_k, self.conv_v)
-    return self.mult.flops_per_token() + self.n_modules * sum(c.kernel[...].size for c in convs)
+    return self.mult.flops_per_token() + self.n_modules * sum(c.kernel.size for c in convs)
 
 
 class LSHSelfAttention(nnx.Module):

@@ -49,7 +49,9 @@ class MoE(FeedForward):
   """Experts `w_up [E, d_model, G]`, `w_down [E, G, d_model]` and a router; no biases.
 
   FF contract: `y, aux = moe(x)` with `x, y: [..., d_model]`; `aux["reg_loss"]` is the
-  router's scaled regulariser and `aux["expert_usage"]` the `[E]` slot count per expert.
+  router's scaled regulariser and `aux["expert_usage"]` the `[E]` slot count per expert;
+  `aux["token_share"]` is that count over the number of tokens (the fraction of tokens each
+  expert processes, `training.routing_health`), plus the router's own `Routing.stats`.
   In training (`deterministic=False`, toggled by `train()`/`eval()`) the expert hidden units
   drop out with probability `expert_hidden_dropout`, drawn from a fork of the `dropout` stream.
   """
@@ -82,8 +84,9 @@ class MoE(FeedForward):
         x_nd, r.sel_nk, r.gates_nk.astype(dtype), self.w_up[...].astype(dtype),
         self.w_down[...].astype(dtype), impl=self.impl, dropout_rate=self.expert_hidden_dropout,
         dropout_key=self.rngs() if dropout else None)
-    aux = {"reg_loss": r.reg_loss.astype(jnp.float32),
-           "expert_usage": usage_counts(r.sel_nk, r.gates_nk, self.n_experts)}
+    usage_e = usage_counts(r.sel_nk, r.gates_nk, self.n_experts)
+    aux = {"reg_loss": r.reg_loss.astype(jnp.float32), "expert_usage": usage_e,
+           "token_share": usage_e.astype(jnp.float32) / x_nd.shape[0], **r.stats}
     return y_nd.reshape(x.shape), aux
 
   def flops_per_token(self) -> int:

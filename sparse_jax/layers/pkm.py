@@ -18,6 +18,7 @@ from flax import nnx
 
 from sparse_jax.layers import initializers
 from sparse_jax.layers.feed_forward import FeedForward
+from sparse_jax.layers.precision import f32_einsum
 
 ACTIVATIONS = ("relu", "softmax")
 INITS = ("authors", "dense", "lample")
@@ -120,10 +121,8 @@ class PKM(FeedForward):
     x_nd = self.token_rows(x, self.d_model)
     half = self.d_model // 2
     keys = self.sub_keys[...].astype(dtype)
-    scores_a = jnp.einsum("nd,hsd->nhs", x_nd[:, :half], keys[:, 0],
-                          preferred_element_type=jnp.float32)
-    scores_b = jnp.einsum("nd,hsd->nhs", x_nd[:, half:], keys[:, 1],
-                          preferred_element_type=jnp.float32)
+    scores_a = f32_einsum("nd,hsd->nhs", x_nd[:, :half], keys[:, 0])
+    scores_b = f32_einsum("nd,hsd->nhs", x_nd[:, half:], keys[:, 1])
     values = self.values[...].astype(dtype)
     if self.dense_path:
       weights_nv = self._activate(dense_scores(scores_a, scores_b))

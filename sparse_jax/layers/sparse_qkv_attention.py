@@ -158,4 +158,4 @@ class SparseQKVAttention(nnx.Module):
     per visible key), the biases and the rotary rotation.
     """
     convs = (self.conv_q, self.conv_k, self.conv_v)
-    return self.mult.flops_per_token() + self.n_modules * sum(c.kernel[...].size for c in convs)
+    return self.mult.flops_per_token() + self.n_modules * sum(c.kernel.size for c in convs)

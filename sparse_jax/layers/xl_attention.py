@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sparse_jax.layers import initializers
+from sparse_jax.layers.precision import f32_einsum
 
 
 def sinusoid_embedding(distances_k: jax.Array, dim: int) -> jax.Array:
@@ -92,8 +93,8 @@ class RelativeMultiHeadAttention(nnx.Module):
 
     q_u = q_bthc + self.u_bias[...].astype(dtype)
     q_v = q_bthc + self.v_bias[...].astype(dtype)
-    content_bhtk = jnp.einsum("bthc,bkhc->bhtk", q_u, k_bkhc, preferred_element_type=jnp.float32)
-    position_bhtk = jnp.einsum("bthc,khc->bhtk", q_v, r_khc, preferred_element_type=jnp.float32)
+    content_bhtk = f32_einsum("bthc,bkhc->bhtk", q_u, k_bkhc)
+    position_bhtk = f32_einsum("bthc,khc->bhtk", q_v, r_khc)
     scale = 1 / math.sqrt(self.head_dim) if self.scale is None else self.scale[...]
     scores_bhtk = (content_bhtk + rel_shift(position_bhtk)) * scale
     mask_tk = attention_mask(t, k, mem_valid)

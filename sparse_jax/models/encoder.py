@@ -26,9 +26,11 @@ from sparse_jax import schema, validation
 from sparse_jax.layers.adapters import adapted_residual
 from sparse_jax.layers.bidirectional_attention import BidirectionalSelfAttention
 from sparse_jax.layers.normalization import layer_norm
+from sparse_jax.layers.precision import COMPUTE_DTYPES
 from sparse_jax.layers.registry import build_ff
 from sparse_jax.models import plugins
 from sparse_jax.models.lm import ModelConfig
+from sparse_jax.models.remat import rematerialized
 
 
 @ModelConfig.variant("encoder")
@@ -88,6 +90,10 @@ class EncoderLayer(nnx.Module):
     return plugins.apply_memory(self.memory, h_btd, aux)
 
 
+def _call_layer(layer: EncoderLayer, h_btd, valid_bt):
+  return layer(h_btd, valid_bt)
+
+
 class Encoder(nnx.Module):
   """RoBERTa-compatible encoder: `h_btd, aux = encoder(tokens_bt)` (module docstring).
 
@@ -98,6 +104,8 @@ class Encoder(nnx.Module):
   def __init__(self, cfg: ml_collections.ConfigDict | dict | EncoderConfig, *, rngs: nnx.Rngs):
     cfg = EncoderConfig.parse(cfg, "model")
     self.pad_id, self.d_model = cfg.pad_id, cfg.d_model
+    self.dtype = COMPUTE_DTYPES[cfg.dtype]
+    self.remat = cfg.remat
     std = cfg.init_std
     self.word_embeddings = _embedding(cfg.vocab_size, cfg.d_model, std, rngs)
     self.position_embeddings = _embedding(cfg.max_positions, cfg.d_model, std, rngs)
@@ -110,14 +118,15 @@ class Encoder(nnx.Module):
     positions_bt = roberta_positions(tokens_bt, self.pad_id)
     h_btd = (self.word_embeddings(tokens_bt) + self.position_embeddings(positions_bt)
              + self.type_embeddings(jnp.zeros_like(tokens_bt)))
-    return self.embed_dropout(self.embed_norm(h_btd))
+    return self.embed_dropout(self.embed_norm(h_btd).astype(self.dtype))
 
   def __call__(self, tokens_bt: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
     valid_bt = tokens_bt != self.pad_id
     h_btd = self.embed(tokens_bt)
     reg_loss, aux = jnp.zeros((), jnp.float32), {}
+    call = rematerialized(_call_layer, self.remat)
     for i, layer in enumerate(self.layers):
-      h_btd, layer_aux = layer(h_btd, valid_bt)
+      h_btd, layer_aux = call(layer, h_btd, valid_bt)
       reg_loss = reg_loss + layer_aux.pop("reg_loss", 0.0)
       aux.update({f"layer{i}/{k}": v for k, v in layer_aux.items()})
     return h_btd, {"reg_loss": reg_loss, **aux}

@@ -22,13 +22,14 @@ from sparse_jax import schema, validation
 from sparse_jax.layers import initializers
 from sparse_jax.layers.multiplicative_dense import MultiplicativeDense
 from sparse_jax.layers.normalization import layer_norm
+from sparse_jax.layers.precision import COMPUTE_DTYPES, f32_einsum
 from sparse_jax.layers.registry import FFConfig
 from sparse_jax.layers.xl_attention import sinusoid_embedding
 from sparse_jax.models import plugins
+from sparse_jax.models.remat import REMAT_KINDS, rematerialized
 from sparse_jax.models.blocks import ATTENTION_KINDS, ATTN_SCALES, POSITIONS, DecoderBlock
 from sparse_jax.models.xl_memory import XLMemory
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # Token embedding init: N(0, 1), or Xavier-uniform over `[vocab, d_model]` as the sigma-MoE
 # authors' code (about 65x smaller entries at vocabulary 8000, d_model 412).
 EMBED_INITS = {"normal": jax.nn.initializers.normal(1.0),
@@ -50,6 +51,8 @@ class ModelConfig(schema.Schema, tag="kind", default="lm"):
   n_heads: schema.PositiveInt
   dropout: schema.Probability
   attn_dropout: schema.Probability = 0.0
+  dtype: Literal[tuple(COMPUTE_DTYPES)] = "float32"  # The compute dtype (README).
+  remat: Literal[REMAT_KINDS] = "none"  # Rematerialisation per block (`models.remat`).
   ff: FFConfig
   memory: plugins.MemoryConfig
   adapters: plugins.AdapterConfig
@@ -69,7 +72,6 @@ class LMConfig(ModelConfig):
   positions: Literal[POSITIONS] = "rotary"  # causal and sparse_qkv attention only.
   # S, the modules of the sparse QKV layer (sparse_qkv attention only); None: n_heads.
   attention_sparsity: schema.PositiveInt | None = None
-  dtype: Literal[tuple(DTYPES)] = "float32"
   tie_embeddings: bool = False
   loss_sparsity: schema.NonNegativeInt = 0  # S of the multiplicative output; 0: dense.
   # The sigma-MoE authors' Transformer-XL sets these four (`configs/paper_training.py`).
@@ -107,6 +109,14 @@ def validate_model_config(cfg: ml_collections.ConfigDict | dict | LMConfig) -> L
   return LMConfig.parse(cfg, "model")
 
 
+def _call_block(block: DecoderBlock, h_btd, mem_bmd, mem_valid):
+  return block(h_btd, mem_bmd, mem_valid)
+
+
+def _decode_block(block: DecoderBlock, h_btd, mem_bmd, mem_valid):
+  return block(h_btd, mem_bmd, mem_valid, decoding=True)
+
+
 class TransformerLM(nnx.Module):
   """Decoder LM (see the module docstring for the calls).
 
@@ -123,7 +133,8 @@ class TransformerLM(nnx.Module):
     self.is_xl = cfg.attention == "xl"
     self.sinusoidal = not self.is_xl and cfg.positions == "sinusoidal"
     self.mem_len = cfg.mem_len if self.is_xl else 0
-    self.dtype = DTYPES[cfg.dtype]
+    self.dtype = COMPUTE_DTYPES[cfg.dtype]
+    self.remat = cfg.remat
     self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model,
                            embedding_init=EMBED_INITS[cfg.embed_init],
                            embedding_metadata={"logical_axes": ("vocab", "embed")}, rngs=rngs)
@@ -169,9 +180,10 @@ class TransformerLM(nnx.Module):
       memory = self.init_memory(tokens_bt.shape[0])
     h_btd = self._embed(tokens_bt, 0)
     layer_inputs, reg_loss, aux = [], jnp.zeros((), jnp.float32), {}
+    call = _decode_block if decoding else rematerialized(_call_block, self.remat)
     for i, block in enumerate(self.blocks):
       layer_inputs.append(h_btd)
-      h_btd, block_aux = block(h_btd, memory.hidden_lbmd[i], memory.valid, decoding=decoding)
+      h_btd, block_aux = call(block, h_btd, memory.hidden_lbmd[i], memory.valid)
       reg_loss = reg_loss + block_aux["reg_loss"].astype(jnp.float32)
       aux.update({f"layer{i}/{key}": value for key, value in block_aux.items()
                   if key != "reg_loss"})
@@ -180,15 +192,16 @@ class TransformerLM(nnx.Module):
     return self.output_dropout(self.final_norm(h_btd)), new_memory, aux
 
   def logits(self, h_btd: jax.Array) -> jax.Array:
-    """Output projection in float32; tied logits are scaled by `1/sqrt(d_model)`."""
-    h_btd = h_btd.astype(jnp.float32)
+    """Float32 logits from compute-dtype matmuls (`layers.precision`; the multiplicative
+    output's rounded to the compute dtype); tied logits are scaled by `1/sqrt(d_model)`."""
+    h_btd = h_btd.astype(self.dtype)
     if self.output_kind == "sparse":
-      return self.sparse_out(h_btd) + self.b_out[...]
+      return self.sparse_out(h_btd).astype(jnp.float32) + self.b_out[...]
     if self.output_kind == "tied":
       w_dv = self.embed.embedding[...].T / math.sqrt(self.d_model)
     else:
       w_dv = self.w_out[...]
-    return h_btd @ w_dv + self.b_out[...]
+    return f32_einsum("btd,dv->btv", h_btd, w_dv.astype(self.dtype)) + self.b_out[...]
 
   def init_cache(self, batch: int, max_len: int):
     """Decoding state for up to `max_len` tokens: the XL memory, or per-layer KV caches."""

@@ -33,11 +33,14 @@ from flax import nnx
 
 from sparse_jax import schema, validation
 from sparse_jax.layers import initializers
+from sparse_jax.layers.bidirectional_attention import Linear
 from sparse_jax.layers.multiplicative_dense import MultiplicativeDense
 from sparse_jax.layers.normalization import layer_norm
+from sparse_jax.layers.precision import COMPUTE_DTYPES, f32_einsum
 from sparse_jax.layers.registry import FFConfig
 from sparse_jax.layers.reversible import pure_half_residual, reversible_stack, sequential_stack
 from sparse_jax.layers.xl_attention import sinusoid_embedding
+from sparse_jax.models.remat import REMAT_KINDS
 from sparse_jax.models.terraformer_blocks import AttentionHalf, FeedForwardHalf
 
 PAD = 0
@@ -84,9 +87,16 @@ class TerraformerConfig(schema.Schema):
   loss_sparsity: schema.NonNegativeInt = 0  # S of the multiplicative output; 0: dense.
   reversible: bool = True
   layer_norm_eps: schema.PositiveFloat = 1e-6
+  # The sublayers' compute dtype; the reversible streams stay float32 (README).
+  dtype: Literal[tuple(COMPUTE_DTYPES)] = "float32"
+  remat: Literal[REMAT_KINDS] = "none"  # See check().
 
   def check(self, path: str) -> None:
     self.ff.check_width(self.d_model)
+    validation.require(self.remat == "none", f"{path}.remat",
+                       "'none': Terraformer's memory saving is its reversible stack, whose "
+                       f"backward pass recomputes activations already ({path}.reversible=True)",
+                       self.remat)
     validation.require(self.ff.kind in REVERSIBLE_FF_KINDS, f"{path}.ff.kind",
                        f"one of {REVERSIBLE_FF_KINDS} (choices a reversible block can replay)",
                        self.ff.kind)
@@ -142,6 +152,7 @@ class Terraformer(nnx.Module):
   def __init__(self, cfg, *, rngs: nnx.Rngs):
     cfg = TerraformerConfig.parse(cfg, "model")
     self.d_model, self.vocab_size, self.reversible = cfg.d_model, cfg.vocab_size, cfg.reversible
+    self.dtype = COMPUTE_DTYPES[cfg.dtype]
     depth = cfg.n_encoder_layers + cfg.n_decoder_layers
     self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model,
                            embedding_init=jax.nn.initializers.normal(1.0),
@@ -151,7 +162,7 @@ class Terraformer(nnx.Module):
         half for _ in range(cfg.n_encoder_layers)
         for half in (AttentionHalf(cfg, causal=False, n_layers=depth, rngs=rngs),
                      FeedForwardHalf(cfg, n_layers=depth, rngs=rngs))])
-    self.encoder_out = nnx.Linear(
+    self.encoder_out = Linear(
         cfg.d_model, cfg.d_model,
         kernel_init=initializers.normal(1.0 / math.sqrt(cfg.d_model)),
         kernel_metadata={"logical_axes": ("embed", "embed")},
@@ -191,15 +202,16 @@ class Terraformer(nnx.Module):
     valid_bs = inputs_bs != PAD
     x_bsd = self._embed(inputs_bs, jnp.arange(inputs_bs.shape[1]))
     h_bsd, loss = self._stack(self.encoder, x_bsd, valid_bs)
-    enc_bsd = self.encoder_norm(self.encoder_out(h_bsd))
+    enc_bsd = self.encoder_norm(self.encoder_out(h_bsd.astype(self.dtype)).astype(h_bsd.dtype))
     return enc_bsd, jnp.sum(valid_bs, axis=1, dtype=jnp.int32), loss
 
   def logits(self, h_btd: jax.Array) -> jax.Array:
-    """The output layer in float32: dense, or multiplicative (`loss_sparsity`)."""
-    h_btd = h_btd.astype(jnp.float32)
+    """Float32 logits from compute-dtype matmuls (`layers.precision`): dense, or
+    multiplicative (`loss_sparsity`, rounded to the compute dtype)."""
+    h_btd = h_btd.astype(self.dtype)
     if self.sparse_out is not None:
-      return self.sparse_out(h_btd) + self.b_out[...]
-    return h_btd @ self.w_out[...] + self.b_out[...]
+      return self.sparse_out(h_btd).astype(jnp.float32) + self.b_out[...]
+    return f32_einsum("btd,dv->btv", h_btd, self.w_out[...].astype(self.dtype)) + self.b_out[...]
 
   def __call__(self, inputs_bs: jax.Array, targets_bt: jax.Array):
     """`(logits [B, T, V], {"reg_loss"})`: teacher-forced prediction of `targets`."""
@@ -213,7 +225,7 @@ class Terraformer(nnx.Module):
 
   def init_decoder_cache(self, batch: int, max_len: int) -> list:
     """One cache per decoder sublayer for `max_len` concatenated positions."""
-    return [half.init_cache(batch, max_len, jnp.float32) for half in self.decoder]
+    return [half.init_cache(batch, max_len, self.dtype) for half in self.decoder]
 
   def decode_position(self, x_b1d: jax.Array, caches: list, position: jax.Array):
     """`(logits [B, 1, V], caches)` of the concatenated sequence's position `position`, whose

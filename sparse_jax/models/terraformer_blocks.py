@@ -2,7 +2,9 @@
 `reformer.DecoderBlock` / `EncoderBlock` and `configurable_transformer.FeedForwardWithOptions`).
 
 A reversible block adds each sublayer's output to one stream and swaps the streams
-(`sparse_jax.layers.reversible`); the sublayers here are what is added:
+(`sparse_jax.layers.reversible`); the sublayers here are what is added. The streams stay
+float32 (so that running the blocks backwards recovers their inputs to float32 rounding);
+each sublayer computes in `model.dtype` from its LayerNorm on:
 
 - `AttentionHalf`: `Dropout(Attn(LN x))`, the attention being LSH (`layers.lsh_attention`),
   or dense: causal (dense or sparse QKV) in the decoder, bidirectional in the encoder;
@@ -26,6 +28,7 @@ from sparse_jax.layers.bidirectional_attention import BidirectionalSelfAttention
 from sparse_jax.layers.causal_attention import CausalSelfAttention
 from sparse_jax.layers.lsh_attention import LSHSelfAttention
 from sparse_jax.layers.normalization import layer_norm
+from sparse_jax.layers.precision import COMPUTE_DTYPES
 from sparse_jax.layers.registry import build_ff
 from sparse_jax.layers.sparse_ff import SparseFF
 from sparse_jax.layers.sparse_qkv_attention import SparseQKVAttention
@@ -65,13 +68,14 @@ class AttentionHalf(nnx.Module):
   def __init__(self, cfg: "TerraformerConfig", *, causal: bool, n_layers: int, rngs: nnx.Rngs):
     self.causal = causal
     self.is_lsh = (cfg.decoder_attention if causal else cfg.encoder_attention) == "lsh"
+    self.dtype = COMPUTE_DTYPES[cfg.dtype]
     self.norm = layer_norm(cfg.d_model, epsilon=cfg.layer_norm_eps, rngs=rngs)
     self.attn = build_attention(cfg, causal=causal, n_layers=n_layers, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
 
   def __call__(self, x_btd: jax.Array, valid_bt: jax.Array | None = None, *, replay=None):
     """`(y [B, T, d], 0.0, buckets or ())`; `valid_bt` (encoder only) marks real tokens."""
-    h_btd = self.norm(x_btd)
+    h_btd = self.norm(x_btd).astype(self.dtype)
     if self.is_lsh:
       y_btd, record = self.attn(h_btd, valid_bt=valid_bt, buckets=replay)
     elif self.causal:
@@ -85,7 +89,7 @@ class AttentionHalf(nnx.Module):
 
   def decode(self, x_b1d: jax.Array, cache: dict, position: jax.Array):
     """One token of the causal attention: `(y [B, 1, d], cache)`."""
-    y_b1d, cache = self.attn.decode(self.norm(x_b1d), cache, position)
+    y_b1d, cache = self.attn.decode(self.norm(x_b1d).astype(self.dtype), cache, position)
     return self.dropout(y_b1d), cache
 
 
@@ -93,6 +97,7 @@ class FeedForwardHalf(nnx.Module):
   """`Dropout(FF(LN x))`, plus `Dense_d(SRU_r(Dense_r(LN' x)))` when `cfg.sru_units = r > 0`."""
 
   def __init__(self, cfg: "TerraformerConfig", *, n_layers: int, rngs: nnx.Rngs):
+    self.dtype = COMPUTE_DTYPES[cfg.dtype]
     self.norm = layer_norm(cfg.d_model, epsilon=cfg.layer_norm_eps, rngs=rngs)
     self.ff = build_ff(cfg.ff, d_model=cfg.d_model, n_layers=n_layers, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
@@ -106,14 +111,14 @@ class FeedForwardHalf(nnx.Module):
     """`(y [B, T, d], FF regulariser, the sparse FF's choices or ())`; `valid_bt` unused
     (position-wise, and the SRU is causal: padding only follows the real tokens)."""
     del valid_bt
-    h_btd = self.norm(x_btd)
+    h_btd = self.norm(x_btd).astype(self.dtype)
     if isinstance(self.ff, SparseFF):
       y_btd, aux, record = self.ff.replayable(h_btd, replay)
     else:
       (y_btd, aux), record = self.ff(h_btd), ()
     y_btd = self.dropout(y_btd)
     if self.sru is not None:
-      y_btd = y_btd + self.sru(self.sru_norm(x_btd))
+      y_btd = y_btd + self.sru(self.sru_norm(x_btd).astype(self.dtype))
     return y_btd, aux["reg_loss"].astype(jnp.float32), record
 
   def init_cache(self, batch: int, max_len: int, dtype):
@@ -124,10 +129,10 @@ class FeedForwardHalf(nnx.Module):
   def decode(self, x_b1d: jax.Array, carry, position: jax.Array):
     """One token, the FF's sparse decode path when it has one: `(y [B, 1, d], carry)`."""
     del position
-    h_b1d = self.norm(x_b1d)
+    h_b1d = self.norm(x_b1d).astype(self.dtype)
     y_b1d = self.ff.decode(h_b1d) if self.ff.has_sparse_decode else self.ff(h_b1d)[0]
     y_b1d = self.dropout(y_b1d)
     if self.sru is not None:
-      branch_b1d, carry = self.sru.decode(self.sru_norm(x_b1d), carry)
+      branch_b1d, carry = self.sru.decode(self.sru_norm(x_b1d).astype(self.dtype), carry)
       y_b1d = y_b1d + branch_b1d
     return y_b1d, carry

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sparse_jax import parallel
-from sparse_jax.aot import memory, targets
+from sparse_jax.aot import matmul_dtypes, memory, targets
 from sparse_jax.training import xla_fallbacks
 from sparse_jax.training.placement import Placement
 from sparse_jax.training.steps import make_train_step
@@ -34,6 +34,7 @@ class CompiledTask:
   train: jax.stages.Compiled
   eval: jax.stages.Compiled
   xla_options: dict  # XLA options the steps needed to compile (`xla_fallbacks`).
+  matmul_operands: str  # The training step's matmul operand dtypes (`aot.matmul_dtypes`).
   train_use: memory.MemoryUse
   eval_use: memory.MemoryUse
   resident_bytes: int  # Training state and carry per device, alive while evaluating too.
@@ -60,6 +61,8 @@ class CompiledTask:
              f"{self.target.n_devices} device(s)), mesh {self.mesh_shape}; per device:",
              "  " + memory.format_use("training step", self.train_use),
              "  " + memory.format_use("evaluation step", self.eval_use),
+             f"  matmul and convolution operands of the training step, by FLOPs: "
+             f"{self.matmul_operands}",
              f"  evaluation with the training state resident: "
              f"{self.eval_peak / memory.GIB:.3f} GiB",
              f"  peak {self.peak / memory.GIB:.3f} GiB of the device's "
@@ -98,11 +101,14 @@ class DoesNotFitError(RuntimeError):
 _TPU_OUT_OF_HBM = re.compile(r"out of memory (on|in memory space) hbm", re.IGNORECASE)
 
 
-def compile_for(traced: jax.stages.Traced, target: targets.Target
+def lower_for(traced: jax.stages.Traced, target: targets.Target) -> jax.stages.Lowered:
+  return traced.lower(lowering_platforms=(target.lowering_platform,))
+
+
+def compile_for(lowered: jax.stages.Lowered, target: targets.Target
                 ) -> tuple[jax.stages.Compiled, dict]:
-  """`traced` lowered and compiled for `target`, with the XLA options it needed
+  """`lowered` compiled for `target`, with the XLA options it needed
   (`training.xla_fallbacks`); raises `DoesNotFitError` when libtpu finds it too large."""
-  lowered = traced.lower(lowering_platforms=(target.lowering_platform,))
   try:
     return xla_fallbacks.compile_lowered(lowered, target.platform)
   except jax.errors.JaxRuntimeError as e:
@@ -149,13 +155,16 @@ def compile_task(task: Task, target: targets.Target) -> CompiledTask:
   task.check_accumulation(placement)
   with jax.set_mesh(mesh):
     traced, graphdef, state, carry = trace_train_step(task, placement)
-    train, options = compile_for(traced, target)
+    lowered = lower_for(traced, target)
+    operands = matmul_dtypes.describe(matmul_dtypes.contractions(lowered.as_text()))
+    train, options = compile_for(lowered, target)
     model = nnx.merge(graphdef, state)[0]
     eval_fn, eval_args = task.eval_step(model, placement)
     params = nnx.state(model)
-    evaluation, eval_options = compile_for(eval_fn.trace(params, *eval_args), target)
+    evaluation, eval_options = compile_for(lower_for(eval_fn.trace(params, *eval_args), target),
+                                           target)
   return CompiledTask(
       target=target, mesh_shape=dict(mesh.shape), train=train, eval=evaluation,
-      xla_options={**options, **eval_options},
+      xla_options={**options, **eval_options}, matmul_operands=operands,
       train_use=memory.MemoryUse.of(train), eval_use=memory.MemoryUse.of(evaluation),
       resident_bytes=_bytes_per_device((state, carry)), params_bytes=_bytes_per_device(params))

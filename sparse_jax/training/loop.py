@@ -3,9 +3,11 @@
 `train_and_evaluate(config, workdir)` picks the task of the config (`training.tasks`), builds a
 `Run` on the mesh and loops. Logging syncs with the device once per `train.log_every` steps;
 a non-finite loss stops the run (the last good checkpoint is kept); SIGTERM/SIGINT save and
-stop; a failed checkpoint write stops it (`CheckpointWriteError`); resuming restores the newest
-checkpoint that reads back, with a config that may resume from it
-(`training.resume_config`); only the first process prints, writes metrics and shows progress.
+stop (every process after the same step: `training.preemption`); a failed checkpoint write
+stops it (`CheckpointWriteError`); resuming restores the newest checkpoint that reads back,
+with a config that may resume from it (`training.resume_config`); only the first process
+prints, writes metrics (with the model FLOPs rate and MFU, `training.mfu`) and shows
+progress. `train.profile_steps` traces a few steps (`training.profiling`).
 """
 
 import time
@@ -21,9 +23,11 @@ from tqdm import tqdm
 from sparse_jax import parallel
 from sparse_jax.training.checkpointing import Checkpointer
 from sparse_jax.training.metrics_writer import MetricsWriter
+from sparse_jax.training.mfu import ModelFlopsRate
 from sparse_jax.training.optimizer import learning_rate_schedule
 from sparse_jax.training.placement import Placement
 from sparse_jax.training.preemption import StopRequest
+from sparse_jax.training.profiling import StepProfiler
 from sparse_jax.training.routing_health import RoutingHealth
 from sparse_jax.training.steps import make_train_step
 from sparse_jax.training.task import Task
@@ -49,6 +53,12 @@ def format_metrics(metrics: dict[str, float]) -> str:
   return ", ".join(f"{k}={v:.4g}" for k, v in metrics.items())
 
 
+def _mean_over_steps(values: list) -> float | np.ndarray:
+  """One metric's mean over a window's steps: a float, or a vector's elementwise mean."""
+  mean = np.mean(values, axis=0)
+  return float(mean) if mean.ndim == 0 else mean
+
+
 class MetricsWindow:
   """Per-step metrics since the last log, kept on device until `flush` syncs once."""
 
@@ -68,7 +78,7 @@ class MetricsWindow:
           f"training loss is {losses[bad[0]]} at step {step}; stopping. The last good "
           "checkpoint is kept; lower train.lr or check the data.")
     seconds = time.perf_counter() - self.started
-    mean = {k: np.mean([m[k] for m in host], axis=0) for k in host[0]}
+    mean = {k: _mean_over_steps([m[k] for m in host]) for k in host[0]}
     mean[rate_name] = items_per_step * len(host) / seconds
     return mean
 
@@ -99,6 +109,8 @@ class Run:
     self.writer = MetricsWriter(workdir) if is_main_process() else None
     self.routing_health = RoutingHealth(warn=is_main_process())
     self.lr = learning_rate_schedule(train_cfg)
+    self.flops_rate = ModelFlopsRate.of(task.flops_per_step(self.model), task.compute_dtype,
+                                        mesh)
     self.graphdef, self.state = nnx.split((self.model, self.optimizer))
     out_shardings = (placement.state_shardings(self.state), task.carry_shardings(placement),
                      parallel.replicated(mesh))
@@ -139,12 +151,15 @@ class Run:
     return compiled
 
   def log(self, step: int, window: MetricsWindow) -> dict[str, float]:
-    """Writes the window's metrics; raises if its loss is not finite or if a checkpoint
+    """Writes the window's metrics (each MoE layer's token shares turned into its routing
+    health, `training.routing_health`); raises if its loss is not finite or if a checkpoint
     write has failed in the background since (so a failed save stops the run here)."""
     self.checkpointer.check_writes()
     logged = self.routing_health(step, window.flush(self.task.items_per_step,
                                                     self.task.rate_name))
     logged.update(self.task.log_metrics(logged), lr=float(self.lr(step - 1)))
+    steps_per_second = logged[self.task.rate_name] / self.task.items_per_step
+    logged.update(self.flops_rate.metrics(steps_per_second))  # training.mfu
     self._write(step, "train", logged)
     return logged
 
@@ -188,14 +203,18 @@ def run_task(task: Task, workdir: str, mesh: Mesh | None = None) -> dict[str, fl
   run = Run(task, workdir, mesh)
   step, window = run.start, MetricsWindow(run.start)
   try:
-    with (StopRequest() as stop, jax.set_mesh(mesh),
+    with (StopRequest(mesh) as stop, jax.set_mesh(mesh),
+          StepProfiler(train_cfg.profile_window, workdir) as profiler,
           tqdm(initial=step, total=train_cfg.steps, desc=task.name,
                disable=not is_main_process()) as bar):
-      while step < train_cfg.steps and not stop.requested:
-        window.metrics.append(run.step(step))
+      stopping = stop.should_stop()  # With several processes: the same on every one.
+      while step < train_cfg.steps and not stopping:
+        with profiler.step(step, lambda: run.state):  # train.profile_steps
+          window.metrics.append(run.step(step))
         step += 1
         bar.update(1)
-        at_ckpt = step % train_cfg.ckpt_every == 0 or step == train_cfg.steps or stop.requested
+        stopping = stop.should_stop()
+        at_ckpt = step % train_cfg.ckpt_every == 0 or step == train_cfg.steps or stopping
         if step % train_cfg.log_every == 0 or at_ckpt:
           bar.set_postfix(loss=f"{run.log(step, window)['loss']:.3f}")
           window = MetricsWindow(step)
@@ -203,7 +222,7 @@ def run_task(task: Task, workdir: str, mesh: Mesh | None = None) -> dict[str, fl
           _print(f"step {step} validation: {format_metrics(run.evaluate(step))}", bar.write)
         if at_ckpt:
           run.save(step)
-      if stop.requested:
+      if stopping:
         logging.warning("Stopped at step %d; checkpoint saved in %s.", step, workdir)
         return {"step": step, "interrupted": 1.0}
       metrics = run.evaluate(step)

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import optax
 
 from sparse_jax import schema, validation
+from sparse_jax.training import profiling
 
 
 SCHEDULES = ("cosine", "linear", "rsqrt")
@@ -41,12 +42,22 @@ class TrainConfig(schema.Schema):
   eval_every: schema.PositiveInt
   ckpt_every: schema.PositiveInt
   keep_checkpoints: schema.PositiveInt = 2
-  # Micro-batches per step (along the batch axis); gradients summed as one large batch would.
+  # Micro-batches per step (along the batch axis), gradients averaged (README "Gradient
+  # accumulation").
   grad_accum_steps: schema.PositiveInt = 1
+  # A jax.profiler trace of steps START + 1 .. STOP into WORKDIR/profile (`training.profiling`):
+  # "START,STOP" (`--config.train.profile_steps=10,15`) or (START, STOP); None: no profile.
+  profile_steps: tuple[schema.NonNegativeInt, schema.NonNegativeInt] | str | None = None
 
   def check(self, path: str) -> None:
     validation.require(self.warmup_steps < self.steps, f"{path}.warmup_steps",
                        f"an integer in [0, {path}.steps={self.steps})", self.warmup_steps)
+    profiling.parse_steps(self.profile_steps, f"{path}.profile_steps", self.steps)
+
+  @property
+  def profile_window(self) -> tuple[int, int] | None:
+    """`profile_steps` as `(START, STOP)`, or None."""
+    return profiling.parse_steps(self.profile_steps, "train.profile_steps", self.steps)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

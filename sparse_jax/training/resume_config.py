@@ -3,8 +3,9 @@
 A checkpoint holds the config it was trained with. Re-running `train.py` on the same workdir
 with an edited config resumes only if the edit leaves the model, its data and its optimiser
 state meaning what they meant: the fields in `SAFE_TO_CHANGE` (how long to train, the
-learning-rate schedule, logging, checkpoint and evaluation cadence, evaluation settings, the
-device mesh, and where data lives) may change; any other difference (shapes, kinds,
+learning-rate schedule, logging, profiling, checkpoint and evaluation cadence, evaluation
+settings, the device mesh, gradient accumulation, rematerialisation, and where data lives)
+may change; any other difference (shapes, kinds, compute dtype,
 vocabulary, dataset, batch size, seed, optimiser kind, backbone, fine-tuning method) is refused
 with every differing field named, before anything is restored.
 """
@@ -20,6 +21,7 @@ from sparse_jax.validation import ConfigError
 SAFE_TO_CHANGE = (
     "train.steps", "train.lr", "train.warmup_steps", "train.schedule", "train.grad_clip",
     "train.log_every", "train.eval_every", "train.ckpt_every", "train.keep_checkpoints",
+    "train.profile_steps", "train.grad_accum_steps", "model.remat",
     "eval", "mesh",
     "data.data_dir", "data.manual_dir", "data.download", "task.data_dir",
 )

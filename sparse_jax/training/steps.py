@@ -52,7 +52,7 @@ def split_rows(x: jax.Array, n: int, axis: int = 0) -> jax.Array:
 def join_rows(x: jax.Array, axis: int = 0) -> jax.Array:
   """The inverse of `split_rows(x, n, axis)`."""
   x_bn = jnp.moveaxis(x, axis + 1, 1).swapaxes(0, 1)
-  return jnp.moveaxis(x_bn.reshape(-1, *x_bn.shape[2:]), 0, axis)
+  return jnp.moveaxis(x_bn.reshape(x_bn.shape[0] * x_bn.shape[1], *x_bn.shape[2:]), 0, axis)
 
 
 class CarryRows(Protocol):

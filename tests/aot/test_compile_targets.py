@@ -160,10 +160,12 @@ def test_compile_task_reports_the_executables_memory(target_name, expert):
 
 @needs_gpu
 def test_train_py_compile_only_prints_the_memory():
-  result = run_script("train.py", "--config=tests/aot/tiny_moe_config.py", "--compile_only=h100")
+  result = run_script("train.py", "--config=tests/aot/tiny_moe_config.py", "--compile_only=h100",
+                      "--config.model.dtype=bfloat16")
   assert result.returncode == 0, result.stderr[-3000:]
   assert "training step:" in result.stdout and "evaluation step:" in result.stdout
   assert re.search(r"peak [\d.]+ GiB of the device's 79\.11 GiB: fits", result.stdout)
+  assert "operands of the training step, by FLOPs: bf16 x bf16 100.0%" in result.stdout
 
 
 @needs_tpu

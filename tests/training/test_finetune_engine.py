@@ -6,6 +6,7 @@ dropout (drawn from the `routing` stream) and dropout (the `dropout` stream) whi
 and head train on GLUE RTE served offline to TFDS's real builder.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -98,6 +99,19 @@ def test_load_puts_the_trained_part_on_the_backbone(finetuned, backbone_dir):
   assert frozen and set(frozen) <= set(pretrained)
   for name, value in frozen.items():
     np.testing.assert_array_equal(value, pretrained[name], err_msg=name)
+
+
+def test_every_train_line_has_model_flops_counted_over_the_frozen_backbone(finetuned):
+  workdir, config = finetuned
+  with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+    train_lines = [r for r in map(json.loads, f) if r["split"] == "train"]
+  assert [r["step"] for r in train_lines] == [1, 2, 3, 4]
+  assert all(r["tflops_per_device"] > 0 for r in train_lines)  # training.mfu
+  full = config.copy_and_resolve_references()
+  full.method.kind = "full"  # Weight gradients of the whole backbone too.
+  spartan_task, full_task = task_for(config), task_for(full)
+  model = nnx.eval_shape(lambda: spartan_task.init_model_and_optimizer()[0])
+  assert spartan_task.flops_per_step(model) < full_task.flops_per_step(model)
 
 
 def two_processes(backbone_dir, data_dir, workdir):

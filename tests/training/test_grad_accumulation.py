@@ -76,6 +76,8 @@ def test_split_and_join_rows_are_inverse_and_interleaved():
   for i in range(4):
     np.testing.assert_array_equal(split[i], _rows(x, 4, i, axis=1))
   np.testing.assert_array_equal(steps.join_rows(split, axis=1), x)
+  empty = jnp.zeros((2, 12, 0, 3))  # An XL memory of no positions (non-XL attention).
+  assert steps.join_rows(steps.split_rows(empty, 4, axis=1), axis=1).shape == empty.shape
 
 
 def test_dense_micro_batches_give_the_whole_batch_update(tiny_config):

@@ -47,8 +47,9 @@ def test_train_resume_and_eval_on_the_long_test_split(tmp_path, monkeypatch):
   result = run("train.py", f"--workdir={workdir}", *flags)
   assert "step=3" in result.stdout and "per_digit_accuracy=" in result.stdout
   with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
-    steps = [r["step"] for r in map(json.loads, f) if r["split"] == "train"]
-  assert steps == [1, 2, 3]  # The second run resumed after step 2.
+    train_lines = [r for r in map(json.loads, f) if r["split"] == "train"]
+  assert [r["step"] for r in train_lines] == [1, 2, 3]  # The second run resumed after step 2.
+  assert all(r["tflops_per_device"] > 0 for r in train_lines)  # training.mfu
   results, path = evaluate_checkpoint(workdir, split="test")
   assert path == os.path.join(workdir, "eval_test_3.json")
   with open(path, encoding="utf-8") as f:

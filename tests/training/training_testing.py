@@ -57,9 +57,12 @@ def free_port() -> int:
 
 def saved_item(workdir, step, item="params"):
   """Checkpoint `step`'s `item` as Orbax wrote it (nested dicts of numpy arrays), read without
-  any model."""
+  any model or devices (so also one written by several processes, on another mesh)."""
   path = os.path.join(workdir, "checkpoints", str(step), item)
-  return jax.device_get(ocp.StandardCheckpointer().restore(path))
+  checkpointer = ocp.PyTreeCheckpointer()
+  as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+                          checkpointer.metadata(path).item_metadata.tree)
+  return checkpointer.restore(path, args=ocp.args.PyTreeRestore(restore_args=as_numpy))
 
 
 def flat(tree) -> dict[str, np.ndarray]:

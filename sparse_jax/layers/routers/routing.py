@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sparse_jax.layers import initializers
+from sparse_jax.layers.precision import f32_einsum
 
 
 @flax.struct.dataclass
@@ -18,11 +19,14 @@ class Routing:
     sel_nk: `[N, k]` int32 expert ids.
     gates_nk: `[N, k]` float32 weights of the experts' outputs (0 drops a slot).
     reg_loss: scalar regulariser, already multiplied by the router's coefficient.
+    stats: the router's own scalar diagnostics of this decision (Switch: `dropped_fraction`;
+      S-BASE: `rerouted_fraction`), which `MoE` adds to its aux for routing health.
   """
 
   sel_nk: jax.Array
   gates_nk: jax.Array
   reg_loss: jax.Array
+  stats: dict[str, jax.Array] = flax.struct.field(default_factory=dict)
 
 
 def equal_norm_rows(key: jax.Array, shape: tuple[int, int], std: float) -> jax.Array:
@@ -38,8 +42,7 @@ def equal_norm_rows(key: jax.Array, shape: tuple[int, int], std: float) -> jax.A
 
 def selector_logits(x_nd: jax.Array, w_ed: jax.Array) -> jax.Array:
   """`x W3^T` in float32: `[N, d] x [E, d] -> [N, E]`."""
-  return jnp.einsum("nd,ed->ne", x_nd, w_ed.astype(x_nd.dtype),
-                    preferred_element_type=jnp.float32)
+  return f32_einsum("nd,ed->ne", x_nd, w_ed.astype(x_nd.dtype))
 
 
 def entropy_regularizer(logits_ne: jax.Array) -> jax.Array:

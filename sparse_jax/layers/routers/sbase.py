@@ -45,6 +45,14 @@ def authors_sinkhorn(logits_ne: jax.Array, n_iters: int) -> jax.Array:
   return x + a_e + b_n
 
 
+def rerouted_fraction(scores_ne: jax.Array, gates_nk: jax.Array, k: int) -> jax.Array:
+  """The fraction of slots whose expert is not among the token's own top-k by score: what the
+  balanced assignment (and expert dropout) moved. `gates_nk` are the slots' scores, so a slot
+  is re-routed when its score is below the token's k-th largest (ties count as kept)."""
+  kth_n = jax.lax.top_k(scores_ne, k)[0][:, -1]
+  return jnp.mean((gates_nk < kth_n[:, None]).astype(jnp.float32))
+
+
 class SBaseRouter(routing.Router):
   """Scores `s = sigmoid(x W3^T)`. Training: experts are the top-k of the Sinkhorn-balanced
   assignment; evaluation: the plain top-k of s. Gates are always s. The regulariser is
@@ -93,4 +101,5 @@ class SBaseRouter(routing.Router):
       _, sel_nk = jax.lax.top_k(balanced_ne, self.k)
     gates_nk = routing.gather_gates(scores_ne, sel_nk)
     reg = self.reg_coef * routing.entropy_regularizer(logits_ne)
-    return routing.Routing(sel_nk.astype(jnp.int32), gates_nk, reg)
+    return routing.Routing(sel_nk.astype(jnp.int32), gates_nk, reg,
+                           {"rerouted_fraction": rerouted_fraction(scores_ne, gates_nk, self.k)})

@@ -59,8 +59,11 @@ class SwitchRouter(routing.Router):
     probs_ne = jax.nn.softmax(logits_ne, axis=-1)
     sel_n = jnp.argmax(probs_ne, axis=-1).astype(jnp.int32)
     gate_n = jnp.take_along_axis(probs_ne, sel_n[:, None], 1)[:, 0]
+    dropped = jnp.zeros((), jnp.float32)  # The fraction of tokens over capacity.
     if self.capacity_factor is not None:
       cap = capacity(x_nd.shape[0], self.n_experts, self.capacity_factor)
-      gate_n = jnp.where(within_capacity(sel_n, self.n_experts, cap), gate_n, 0.0)
+      kept_n = within_capacity(sel_n, self.n_experts, cap)
+      gate_n = jnp.where(kept_n, gate_n, 0.0)
+      dropped = 1.0 - jnp.mean(kept_n.astype(jnp.float32))
     reg = self.reg_coef * balance_loss(probs_ne, sel_n, self.balance)
-    return routing.Routing(sel_n[:, None], gate_n[:, None], reg)
+    return routing.Routing(sel_n[:, None], gate_n[:, None], reg, {"dropped_fraction": dropped})

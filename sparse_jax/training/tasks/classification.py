@@ -9,6 +9,7 @@ few-shot subset size or None for the whole split), `backbone` (`finetune.backbon
 """
 
 import dataclasses
+import functools
 import json
 import os
 
@@ -23,8 +24,9 @@ from sparse_jax import parallel, schema
 from sparse_jax.data import classification, task_batches
 from sparse_jax.finetune import backbones, methods
 from sparse_jax.finetune.storage import storage_report
+from sparse_jax.models.accounting import classifier_step_flops
 from sparse_jax.models.classifier import SequenceClassifier
-from sparse_jax.training import classification_metrics
+from sparse_jax.training import classification_metrics, routing_health
 from sparse_jax.training.checkpointing import ParamsItem
 from sparse_jax.training.optimizer import BatchedTrainConfig, make_optimizer
 from sparse_jax.training.placement import Placement
@@ -111,6 +113,18 @@ class ClassificationTask(Task):
   def items_per_step(self) -> int:
     return self.typed.train.batch_size
 
+  def flops_per_step(self, model: SequenceClassifier) -> int:
+    """Counted over the frozen backbone: the backward pass from the lowest trained part."""
+    return classifier_step_flops(model, self.batch_size, self.typed.task.max_len,
+                                 wrt=self._trainable)
+
+  @functools.cached_property
+  def compute_dtype(self) -> str:
+    """`backbone.dtype`, or where it is None the backbone's `model.dtype` (float32 where it
+    has none)."""
+    dtype = getattr(self.typed.backbone, "dtype", None)
+    return dtype or backbones.backbone_model_config(self.typed.backbone).get("dtype", "float32")
+
   def check_mesh(self, placement: Placement) -> None:
     placement.check_batch(self.typed.train.batch_size, "train.batch_size")
     placement.check_batch(self.typed.eval.batch_size, "eval.batch_size")
@@ -164,7 +178,8 @@ class ClassificationTask(Task):
   def loss(self, model: SequenceClassifier, batch, carry):
     logits_bc, aux = model(batch["tokens"], batch["lengths"])
     loss = task_loss(logits_bc, batch["labels"])
-    return loss + aux["reg_loss"], ({"task_loss": loss}, carry)
+    return loss + aux["reg_loss"], ({"task_loss": loss, **routing_health.step_metrics(aux)},
+                                    carry)
 
   def evaluate(self, model: SequenceClassifier, placement: Placement) -> dict[str, float]:
     return self._score(model, placement, self._valid)

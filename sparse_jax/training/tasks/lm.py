@@ -16,10 +16,11 @@ from flax import nnx
 from sparse_jax import data, parallel, schema, validation
 from sparse_jax.data.datasets import DataConfig
 from sparse_jax.data.sources import BadSourceError
-from sparse_jax.models.accounting import model_report
+from sparse_jax.models.accounting import lm_step_flops, model_report
 from sparse_jax.models.lm import LMConfig, TransformerLM
 from sparse_jax.models.xl_memory import XLMemory
 from sparse_jax.training.optimizer import TrainConfig, make_optimizer
+from sparse_jax.training import routing_health
 from sparse_jax.training.placement import Placement
 from sparse_jax.training.steps import join_rows, make_rngs, split_rows
 from sparse_jax.training.task import Task
@@ -112,6 +113,9 @@ class LanguageModelTask(Task):
   def items_per_step(self) -> int:
     return self.typed.data.batch_size * self.typed.data.seq_len
 
+  def flops_per_step(self, model: TransformerLM) -> int:
+    return lm_step_flops(model, self.typed.data.batch_size, self.typed.data.seq_len)
+
   def check_mesh(self, placement: Placement) -> None:
     placement.check_batch(self.typed.data.batch_size, "data.batch_size")
     placement.check_batch(self.typed.eval.batch_size, "eval.batch_size")
@@ -169,7 +173,8 @@ class LanguageModelTask(Task):
     logits, new_memory, aux = model(batch["inputs"], memory)
     nll_sum, n_tokens = cross_entropy(logits, batch["targets"])
     ce = nll_sum / n_tokens
-    return ce + aux["reg_loss"], ({"ce": ce, "reg_loss": aux["reg_loss"]}, new_memory)
+    metrics = {"ce": ce, "reg_loss": aux["reg_loss"], **routing_health.step_metrics(aux)}
+    return ce + aux["reg_loss"], (metrics, new_memory)
 
   def log_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
     return unit_metric(metrics["ce"], self.unit)

@@ -20,6 +20,7 @@ from flax import nnx
 from sparse_jax import parallel, schema, validation
 from sparse_jax.data import task_batches
 from sparse_jax.data.seq2seq import Seq2SeqDataConfig
+from sparse_jax.models.accounting import terraformer_step_flops
 from sparse_jax.models.terraformer import PAD, Terraformer, TerraformerConfig
 from sparse_jax.training.optimizer import TrainConfig, make_optimizer
 from sparse_jax.training.placement import Placement
@@ -89,6 +90,9 @@ class Seq2SeqTask(Task):
   @property
   def items_per_step(self) -> int:
     return self.batch_size * self.data.max_lengths("train")[1]
+
+  def flops_per_step(self, model: Terraformer) -> int:
+    return terraformer_step_flops(model, self.batch_size, *self.data.max_lengths("train"))
 
   def check_mesh(self, placement: Placement) -> None:
     placement.check_batch(self.typed.data.batch_size, "data.batch_size")

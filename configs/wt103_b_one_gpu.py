@@ -1,0 +1,31 @@
+"""sigma-MoE WT-103 B (262M, Table 7) at the paper's batch of 64 on one 80 GB GPU.
+
+    python train.py --config=configs/wt103_b_one_gpu.py            # bf16, remat "dots"
+    python train.py --config=configs/wt103_b_one_gpu.py:accumulate # bf16, 2 micro-batches
+    python train.py --config=configs/wt103_b_one_gpu.py --compile_only=h100   # check first
+
+`configs/sigma_moe_paper.py:wt103_b` as written needs 120 GiB per device for its training
+step (float32, everything stored), so it does not fit an H100. Compiled for an H100
+(`benchmarks/train_memory.py`, benchmarks/RESULTS.md): bfloat16 compute alone 82 GiB; with
+`model.remat="dots"` 20 GiB (recomputing attention and activations, keeping the weight
+matmuls' outputs); with `train.grad_accum_steps=2` instead 47 GiB (the same update up to the
+regulariser's per-micro-batch batch statistics, README "Gradient accumulation").
+"""
+
+from configs import sigma_moe_paper
+
+VARIANTS = ("remat", "accumulate")
+
+
+def get_config(variant: str | None = None):
+  variant = variant or "remat"
+  if variant not in VARIANTS:
+    raise ValueError(f"wt103_b_one_gpu.py:<variant> must be one of {VARIANTS}; got {variant!r}.")
+  config = sigma_moe_paper.get_config("wt103_b")
+  config.model.dtype = "bfloat16"
+  if variant == "remat":
+    config.model.remat = "dots"
+  else:
+    config.model.remat = "none"
+    config.train.grad_accum_steps = 2
+  return config
