@@ -44,7 +44,7 @@ def _grads(build, loss):
   model.train()
   reseed(model, 0, 3)
   tokens_bt = jax.random.randint(jax.random.key(1), (2, 7), 2, 40)
-  return nnx.to_pure_dict(nnx.grad(loss)(model, tokens_bt))
+  return nnx.to_pure_dict(nnx.jit(nnx.grad(loss))(model, tokens_bt))
 
 
 @pytest.mark.parametrize("remat", ["block", "dots"])

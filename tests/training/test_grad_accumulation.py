@@ -35,8 +35,8 @@ def _inputs(task):
 
 def _whole_batch(task, model, batch, memory):
   steps.reseed(model, 0, 0)
-  (loss, (metrics, new_memory)), grads = nnx.value_and_grad(
-      task.loss, argnums=nnx.DiffState(0, nnx.Param), has_aux=True)(model, batch, memory)
+  (loss, (metrics, new_memory)), grads = nnx.jit(nnx.value_and_grad(
+      task.loss, argnums=nnx.DiffState(0, nnx.Param), has_aux=True))(model, batch, memory)
   return loss, metrics, new_memory, grads
 
 
