@@ -40,8 +40,9 @@ def base_config(config_string: str | None, *, task: dict, backbone: dict, steps:
   config.task = ml_collections.ConfigDict({
       "data_dir": config_dict.placeholder(str), "n_train": config_dict.placeholder(int),
       "n_train_from": "random", **task})
+  # `backbone.dtype`: the compute dtype while fine-tuning ("bfloat16"); None: the backbone's.
   config.backbone = ml_collections.ConfigDict(
-      {"step": config_dict.placeholder(int), **backbone})
+      {"step": config_dict.placeholder(int), "dtype": config_dict.placeholder(str), **backbone})
   config.method = default_method_config(method)
   if few_shot == "fewshot":
     steps = FEW_SHOT_STEPS

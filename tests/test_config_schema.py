@@ -8,7 +8,8 @@ import ml_collections
 import pytest
 
 from configs import (default, default_dense, dense_paper, e8_dense, moe_variants, quality_small,
-                     scaling_small, sigma_moe_paper, wt103_b_dense, wt103_s_dense)
+                     scaling_small, sigma_moe_paper, wt103_b_dense, wt103_b_one_gpu,
+                     wt103_s_dense)
 from sparse_jax import schema
 from sparse_jax.config_overrides import switch_kinds, tagged_sections
 from sparse_jax.data import classification, datasets
@@ -332,6 +333,8 @@ def _lm_configs():
       yield f"moe_variants:{model},{variant}", moe_variants.get_config(f"{model},{variant}")
   for variant in scaling_small.VARIANTS:
     yield f"scaling_small:{variant}", scaling_small.get_config(variant)
+  for variant in wt103_b_one_gpu.VARIANTS:
+    yield f"wt103_b_one_gpu:{variant}", wt103_b_one_gpu.get_config(variant)
 
 
 def test_every_lm_config_file_fits_the_schemas():
@@ -340,6 +343,16 @@ def test_every_lm_config_file_fits_the_schemas():
     data = datasets.parse(config.data)
     assert config.model.vocab_size >= data.spec().vocab_size, name
     assert 0 <= config.train.warmup_steps < config.train.steps, name
+
+
+def test_the_one_gpu_wt103_b_config_parses_with_its_memory_settings():
+  """The settings `benchmarks/train_memory.py` found to fit an H100 at batch 64."""
+  from sparse_jax.training.tasks import validate_config
+  settings = {variant: validate_config(wt103_b_one_gpu.get_config(variant))
+              for variant in wt103_b_one_gpu.VARIANTS}
+  assert {v: (s.model.dtype, s.model.remat, s.train.grad_accum_steps, s.data.batch_size)
+          for v, s in settings.items()} == {"remat": ("bfloat16", "dots", 1, 64),
+                                            "accumulate": ("bfloat16", "none", 2, 64)}
 
 
 # Tables 6 and 7: total parameters of each paper model (dense and sigma-MoE alike).
