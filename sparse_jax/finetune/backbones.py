@@ -19,9 +19,9 @@ from flax import nnx
 from sparse_jax import schema, validation
 from sparse_jax.data.task_tokenizers import ByteTokenizer, RobertaTokenizer
 from sparse_jax.finetune import methods
+from sparse_jax.layers.precision import COMPUTE_DTYPES
 from sparse_jax.models import hf_roberta
 from sparse_jax.models.classifier import SequenceClassifier
-from sparse_jax.layers.precision import COMPUTE_DTYPES
 from sparse_jax.models.lm import TransformerLM
 from sparse_jax.training.checkpointing import Checkpointer
 from sparse_jax.training.steps import make_rngs

@@ -19,8 +19,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sparse_jax.layers import initializers
-from sparse_jax.layers.rotary import apply_rotary
 from sparse_jax.layers.precision import f32_einsum
+from sparse_jax.layers.rotary import apply_rotary
 
 
 def causal_mask(t: int) -> jax.Array:

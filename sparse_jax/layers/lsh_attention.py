@@ -83,8 +83,8 @@ from flax import nnx
 from sparse_jax import validation
 from sparse_jax.layers import initializers
 from sparse_jax.layers.multiplicative_dense import MultiplicativeDense
-from sparse_jax.layers.sparse_qkv_attention import CausalModuleConv
 from sparse_jax.layers.precision import f32_einsum
+from sparse_jax.layers.sparse_qkv_attention import CausalModuleConv
 
 QKV_KINDS = ("dense", "sparse")
 MASKED = 1e9  # Subtracted from causally masked and padding keys' scores (Trax).

@@ -26,8 +26,8 @@ from sparse_jax.layers.precision import COMPUTE_DTYPES, f32_einsum
 from sparse_jax.layers.registry import FFConfig
 from sparse_jax.layers.xl_attention import sinusoid_embedding
 from sparse_jax.models import plugins
-from sparse_jax.models.remat import REMAT_KINDS, rematerialized
 from sparse_jax.models.blocks import ATTENTION_KINDS, ATTN_SCALES, POSITIONS, DecoderBlock
+from sparse_jax.models.remat import REMAT_KINDS, rematerialized
 from sparse_jax.models.xl_memory import XLMemory
 
 # Token embedding init: N(0, 1), or Xavier-uniform over `[vocab, d_model]` as the sigma-MoE

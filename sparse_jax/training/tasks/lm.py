@@ -19,8 +19,8 @@ from sparse_jax.data.sources import BadSourceError
 from sparse_jax.models.accounting import lm_step_flops, model_report
 from sparse_jax.models.lm import LMConfig, TransformerLM
 from sparse_jax.models.xl_memory import XLMemory
-from sparse_jax.training.optimizer import TrainConfig, make_optimizer
 from sparse_jax.training import routing_health
+from sparse_jax.training.optimizer import TrainConfig, make_optimizer
 from sparse_jax.training.placement import Placement
 from sparse_jax.training.steps import join_rows, make_rngs, split_rows
 from sparse_jax.training.task import Task
