@@ -201,7 +201,7 @@ class TransformerLM(nnx.Module):
       w_dv = self.embed.embedding[...].T / math.sqrt(self.d_model)
     else:
       w_dv = self.w_out[...]
-    return f32_einsum("btd,dv->btv", h_btd, w_dv.astype(self.dtype)) + self.b_out[...]
+    return f32_einsum("...d,dv->...v", h_btd, w_dv.astype(self.dtype)) + self.b_out[...]
 
   def init_cache(self, batch: int, max_len: int):
     """Decoding state for up to `max_len` tokens: the XL memory, or per-layer KV caches."""

@@ -211,7 +211,7 @@ class Terraformer(nnx.Module):
     h_btd = h_btd.astype(self.dtype)
     if self.sparse_out is not None:
       return self.sparse_out(h_btd).astype(jnp.float32) + self.b_out[...]
-    return f32_einsum("btd,dv->btv", h_btd, self.w_out[...].astype(self.dtype)) + self.b_out[...]
+    return f32_einsum("...d,dv->...v", h_btd, self.w_out[...].astype(self.dtype)) + self.b_out[...]
 
   def __call__(self, inputs_bs: jax.Array, targets_bt: jax.Array):
     """`(logits [B, T, V], {"reg_loss"})`: teacher-forced prediction of `targets`."""
