@@ -15,12 +15,10 @@ quality on any machine.
 import argparse
 import json
 import os
-import platform
 import statistics
 import tempfile
 
-import jax
-
+from benchmarks.machine import machine_info
 from configs import default
 from sparse_jax.training.loop import train_and_evaluate
 
@@ -75,10 +73,7 @@ def main() -> None:
     runs = {d: train(d, args.steps, args.log_every, os.path.join(tmp, d)) for d in DTYPES}
   summary = compare(runs)
   print_table(runs, summary)
-  result = {"machine": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(), "jax": jax.__version__,
-            "device": jax.devices()[0].device_kind, "steps": args.steps,
-            "summary": summary, "runs": runs}
+  result = {"machine": machine_info(), "steps": args.steps, "summary": summary, "runs": runs}
   with open(args.out, "w", encoding="utf-8") as f:
     json.dump(result, f, indent=1)
   print(f"wrote {args.out}")

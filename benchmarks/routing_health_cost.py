@@ -16,10 +16,8 @@ overhead of `on` over `off`, per step and amortised per log) and writes JSON.
 """
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import time
 
@@ -27,6 +25,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from benchmarks.machine import machine_info
 from configs import default
 from sparse_jax import parallel
 from sparse_jax.training.loop import MetricsWindow
@@ -131,14 +130,6 @@ def print_table(config, summary: dict, rounds: int) -> None:
         f"{summary['paired_overhead_percent']:+.2f}% (median paired ratio), "
         f"{summary['total_overhead_percent']:+.2f}% with the host side amortised over "
         f"log_every={config.train.log_every}")
-
-
-def machine_info() -> dict:
-  return {"machine": platform.machine(), "processor": platform.processor(),
-          "cpu_count": os.cpu_count(), "usable_cpus": len(os.sched_getaffinity(0)),
-          "load_average": os.getloadavg(), "python": platform.python_version(),
-          "jax": jax.__version__, "backend": jax.default_backend(),
-          "date": datetime.datetime.now().isoformat(timespec="seconds")}
 
 
 def main(argv=None) -> dict:

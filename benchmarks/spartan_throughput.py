@@ -21,10 +21,8 @@ and writes JSON with the machine's details.
 """
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import time
 
@@ -35,6 +33,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from benchmarks.machine import machine_info
 from sparse_jax.finetune import methods
 from sparse_jax.finetune.storage import storage_report
 from sparse_jax.models.classifier import SequenceClassifier
@@ -167,15 +166,6 @@ def print_table(title: str, rows: list[dict], n_tasks: int) -> None:
           f"| {r['instances_per_minute']:.1f} | {r['x_roberta']:.2f} "
           f"| {r['trainable_params']:,} | {r['bytes_per_task'] / 1e6:.2f} "
           f"| {r['storage_x_backbone']:.2f} |")
-
-
-def machine_info() -> dict:
-  return {"machine": platform.machine(), "processor": platform.processor(),
-          "cpu_count": os.cpu_count(), "usable_cpus": len(os.sched_getaffinity(0)),
-          "load_average": os.getloadavg(), "python": platform.python_version(),
-          "jax": jax.__version__, "backend": jax.default_backend(),
-          "devices": [str(d) for d in jax.devices()],
-          "date": datetime.datetime.now().isoformat(timespec="seconds")}
 
 
 def parse_args(argv):
