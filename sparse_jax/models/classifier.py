@@ -57,6 +57,7 @@ class SequenceClassifier(nnx.Module):
     cfg = ModelConfig.parse(model_cfg, "model")
     self.pool_first = isinstance(cfg, EncoderConfig)
     self.backbone = build_backbone(cfg, rngs)
+    self.dtype = self.backbone.dtype  # The compute dtype (`model.dtype` or `backbone.dtype`).
     self.head = ClassificationHead(cfg.d_model, num_classes, dropout=head_dropout, rngs=rngs)
 
   def __call__(self, tokens_bt: jax.Array, lengths_b: jax.Array):

@@ -109,8 +109,8 @@ class Run:
     self.writer = MetricsWriter(workdir) if is_main_process() else None
     self.routing_health = RoutingHealth(warn=is_main_process())
     self.lr = learning_rate_schedule(train_cfg)
-    self.flops_rate = ModelFlopsRate.of(task.flops_per_step(self.model), task.compute_dtype,
-                                        mesh)
+    self.flops_rate = ModelFlopsRate.of(task.flops_per_step(self.model),
+                                        np.dtype(self.model.dtype).name, mesh)
     self.graphdef, self.state = nnx.split((self.model, self.optimizer))
     out_shardings = (placement.state_shardings(self.state), task.carry_shardings(placement),
                      parallel.replicated(mesh))

@@ -62,12 +62,6 @@ class Task(abc.ABC):
     (`nnx.eval_shape`) (`models.accounting`): the logged `tflops_per_device` and `mfu`
     (`training.mfu`)."""
 
-  @property
-  def compute_dtype(self) -> str:
-    """The dtype the model computes in ("float32", "bfloat16"), which picks the peak that
-    `mfu` divides by: the `model` section's `dtype`, float32 where it has none."""
-    return getattr(getattr(self.typed, "model", None), "dtype", "float32")
-
   def check_mesh(self, placement: Placement) -> None:
     """Raises `ConfigError` unless the task's batches split over the mesh."""
     placement.check_batch(self.batch_size, "train batch size")

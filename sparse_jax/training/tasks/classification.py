@@ -9,7 +9,6 @@ few-shot subset size or None for the whole split), `backbone` (`finetune.backbon
 """
 
 import dataclasses
-import functools
 import json
 import os
 
@@ -117,13 +116,6 @@ class ClassificationTask(Task):
     """Counted over the frozen backbone: the backward pass from the lowest trained part."""
     return classifier_step_flops(model, self.batch_size, self.typed.task.max_len,
                                  wrt=self._trainable)
-
-  @functools.cached_property
-  def compute_dtype(self) -> str:
-    """`backbone.dtype`, or where it is None the backbone's `model.dtype` (float32 where it
-    has none)."""
-    dtype = getattr(self.typed.backbone, "dtype", None)
-    return dtype or backbones.backbone_model_config(self.typed.backbone).get("dtype", "float32")
 
   def check_mesh(self, placement: Placement) -> None:
     placement.check_batch(self.typed.train.batch_size, "train.batch_size")
