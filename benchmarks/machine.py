@@ -1,6 +1,7 @@
 """What a benchmark ran on, for its JSON: machine, CPUs and load, Python, JAX and devices."""
 
 import datetime
+import json
 import os
 import platform
 
@@ -15,3 +16,11 @@ def machine_info() -> dict:
           "jax": jax.__version__, "backend": jax.default_backend(),
           "devices": [str(d) for d in jax.devices()],
           "date": datetime.datetime.now().isoformat(timespec="seconds")}
+
+
+def write_result(result: dict, path: str) -> None:
+  """Writes a benchmark's JSON, its `machine_info()` completed with the load at the end."""
+  result["machine"]["load_average_end"] = os.getloadavg()
+  with open(path, "w") as f:
+    json.dump(result, f, indent=2)
+  print(f"\nwrote {path}")

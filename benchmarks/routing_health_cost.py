@@ -16,8 +16,6 @@ overhead of `on` over `off`, per step and amortised per log) and writes JSON.
 """
 
 import argparse
-import json
-import os
 import statistics
 import time
 
@@ -25,7 +23,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from benchmarks.machine import machine_info
+from benchmarks.machine import machine_info, write_result
 from configs import default
 from sparse_jax import parallel
 from sparse_jax.training.loop import MetricsWindow
@@ -162,10 +160,7 @@ def main(argv=None) -> dict:
   result = {"machine": machine, **vars(args), "log_every": log_every,
             "routing_metrics": sorted(k for k in metrics["on"] if k.startswith(PREFIX)),
             **summary, "step_seconds": times}
-  result["machine"]["load_average_end"] = os.getloadavg()
-  with open(args.out, "w") as f:
-    json.dump(result, f, indent=2)
-  print(f"\nwrote {args.out}")
+  write_result(result, args.out)
   return result
 
 

@@ -21,8 +21,6 @@ and writes JSON with the machine's details.
 """
 
 import argparse
-import json
-import os
 import statistics
 import time
 
@@ -33,7 +31,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from benchmarks.machine import machine_info
+from benchmarks.machine import machine_info, write_result
 from sparse_jax.finetune import methods
 from sparse_jax.finetune.storage import storage_report
 from sparse_jax.models.classifier import SequenceClassifier
@@ -208,10 +206,7 @@ def main(argv=None) -> dict:
     result["finetune"] = time_phase(
         "finetune", {name: make_finetune(model, VARIANTS[name][1])
                      for name, model in models.items()}, batch, args, storage)
-  result["machine"]["load_average_end"] = os.getloadavg()
-  with open(args.out, "w") as f:
-    json.dump(result, f, indent=2)
-  print(f"\nwrote {args.out}")
+  write_result(result, args.out)
   return result
 
 
