@@ -11,9 +11,9 @@ import sys
 
 from absl import app, flags, logging
 
-from sparse_jax.training.evaluate_checkpoint import evaluate_checkpoint
-from sparse_jax.training.saved_runs import NoCheckpointError
-from sparse_jax.training.tasks.classification import HiddenLabelsError
+from sparse_jax.tasks.classification import HiddenLabelsError
+from sparse_jax.tasks.runs import evaluate_checkpoint
+from sparse_jax.training.checkpointing import NoCheckpointError
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints/.",
                                required=True)

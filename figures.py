@@ -13,7 +13,7 @@ import sys
 
 from sparse_jax.figures import (channel_activity, cvmm_scaling, expert_routing,
                                 learning_curves, spartan_cells)
-from sparse_jax.training.saved_runs import NoCheckpointError
+from sparse_jax.training.checkpointing import NoCheckpointError
 
 
 def _splits(text: str) -> tuple[str, ...]:

@@ -1,6 +1,6 @@
 """The SPARTAN paper's GLUE average over multi-seed runs (one workdir per task).
 
-  python train.py --config=configs/spartan_rte.py --workdir=runs/rte --seeds=0,1,2  # per task
+  python train.py --config=configs/glue.py:rte --workdir=runs/rte --seeds=0,1,2  # per task
   python glue_average.py runs/rte runs/cola ... [--mrpc=accuracy|f1|mean] [--out=avg.json]
 
 Each task's score is the paper's (App. C: MNLI-m only, QQP accuracy; MRPC's metric is not
@@ -12,8 +12,8 @@ import sys
 
 from absl import app, flags
 
-from sparse_jax.training.classification_metrics import MRPC_SCORES
-from sparse_jax.training.seed_runs import glue_average
+from sparse_jax.tasks.classification_metrics import MRPC_SCORES
+from sparse_jax.tasks.seed_runs import glue_average
 from sparse_jax.validation import ConfigError
 
 _MRPC = flags.DEFINE_enum("mrpc", "accuracy", list(MRPC_SCORES), "MRPC's number in the average.")

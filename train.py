@@ -6,17 +6,17 @@
   python train.py --config.mesh.fsdp=2 --config.mesh.expert=4   # a device mesh
   python train.py --coordinator_address=host0:1234 --num_processes=2 --process_id=0  # multi-host
   python train.py --config=configs/spartan_stdlib.py      # fine-tune a frozen backbone (SPARTAN)
-  python train.py --config=configs/spartan_rte.py:houlsby --config.backbone.path=roberta-base
+  python train.py --config=configs/glue.py:rte,houlsby --config.backbone.path=roberta-base
   python train.py --config=configs/spartan_stdlib.py --seeds=0,1,2   # mean and std over seeds
   python train.py --config=configs/sigma_moe_paper.py:wt103_s_star --compile_only=h100
 
 Re-running with the same workdir resumes from its latest checkpoint.
 """
 
-import logging as std_logging
+import atexit
+import gc
 import os
 import sys
-import warnings
 
 import jax
 from absl import app, flags, logging
@@ -25,13 +25,12 @@ from ml_collections import config_flags
 from sparse_jax.aot import targets
 from sparse_jax.config_overrides import switch_kinds
 from sparse_jax.data.sources import BadSourceError
+from sparse_jax.tasks import task_for, train_and_evaluate
+from sparse_jax.tasks.seed_runs import SUMMARY_FILE, run_seeds
 from sparse_jax.training import distributed
 from sparse_jax.training.checkpointing import CheckpointRestoreError, CheckpointWriteError
 from sparse_jax.training.compile_only import DoesNotFitError, compile_task
-from sparse_jax.training.loop import (NonFiniteLossError, format_metrics, run_task,
-                                      train_and_evaluate)
-from sparse_jax.training.seed_runs import SUMMARY_FILE, run_seeds
-from sparse_jax.training.tasks import task_for
+from sparse_jax.training.loop import NonFiniteLossError, format_metrics, run_task
 from sparse_jax.validation import ConfigError
 
 
@@ -129,15 +128,23 @@ def main(argv):
           CheckpointRestoreError) as e:
     sys.exit(f"train.py: {e}")
   except CheckpointWriteError as e:
-    # Orbax's failed write tasks, reported in `e`, would be reported again when they are
-    # garbage-collected at exit: as "exception never retrieved" tracebacks and as "coroutine
-    # was never awaited" warnings.
-    std_logging.getLogger("asyncio").setLevel(std_logging.CRITICAL)
-    warnings.filterwarnings("ignore", message="coroutine .* was never awaited",
-                            category=RuntimeWarning)
-    sys.exit(f"train.py: {e}")
+    _exit_after_background_writes(f"train.py: {e}")
   if jax.process_index() == 0:
     print(f"final ({workdir}): {format_metrics(final)}")
+
+
+def _exit_after_background_writes(message: str) -> None:
+  """Exits with status 1 and `message` printed last. Orbax reports the first failure of a save
+  while the save's other writes go on in threads, which the interpreter awaits at exit; they
+  report their own failures there (logged, and by asyncio when their unretrieved results are
+  collected). `atexit` functions run once those threads have ended."""
+
+  def report():
+    gc.collect()  # Orbax's unretrieved results, reported now if at all.
+    print(message, file=sys.stderr, flush=True)
+
+  atexit.register(report)
+  sys.exit(1)
 
 
 def _compile_only(target_name: str) -> None:

@@ -47,8 +47,8 @@ jax.config.update("jax_disable_most_optimizations", False)
 
 import pallas_kernels  # noqa: E402
 from sparse_jax.aot import kernel_resources, memory  # noqa: E402
+from sparse_jax.tasks import task_for  # noqa: E402
 from sparse_jax.training.compile_only import DoesNotFitError, compile_task  # noqa: E402
-from sparse_jax.training.tasks import task_for  # noqa: E402
 
 TOKENS, GROUP, K = 32768, 128, 4
 D_MODELS, N_EXPERTS = (412, 1024), (16, 32, 128)
@@ -60,7 +60,7 @@ CONFIGS = ("sigma_moe_paper.py:wt103_s", "sigma_moe_paper.py:wt103_s_star",
            "moe_variants.py:wt103_s,switch", "moe_variants.py:wt103_s,noisy_topk",
            "moe_variants.py:wt103_s,sbase", "moe_variants.py:wt103_s,pkm_relu",
            "scaling_small.py:dense", "scaling_small.py:ff_qkv_loss",
-           "terraformer_arxiv.py:paper", "spartan_rte.py:spartan")
+           "terraformer_arxiv.py:paper", "glue.py:rte,spartan")
 MAX_BATCH_FACTOR = 16  # --bisect stops doubling at 16x the config's batch.
 # RoBERTa-base's architecture (its config.json on the Hugging Face hub): SPARTAN compiles on
 # its shapes; no weights are needed to compile.
@@ -127,7 +127,7 @@ def _config(name: str, roberta_dir: str):
   module, _, argument = name.partition(":")
   config = importlib.import_module(f"configs.{module.removesuffix('.py')}").get_config(
       argument or None)
-  if name.startswith("spartan"):
+  if name.startswith("glue"):
     config.backbone.path = roberta_dir
   return config
 

@@ -37,7 +37,8 @@ import ml_collections
 from flax import nnx
 
 from sparse_jax.models.blocks import DecoderBlock
-from sparse_jax.models.lm import TransformerLM, validate_model_config
+from sparse_jax.models.lm import TransformerLM
+from sparse_jax.models.lm_config import validate_model_config
 
 SHAPES = {
     "800m": dict(d_model=1024, n_heads=16, attention_sparsity=None, d_ff=4096, block_size=64),

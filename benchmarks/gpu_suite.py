@@ -60,9 +60,9 @@ from configs import sigma_moe_paper, wt103_s_dense
 from pallas_kernels import IMPLS, cvmm
 from sparse_jax import parallel
 from sparse_jax.models.accounting import model_report
+from sparse_jax.tasks.lm import LanguageModelTask, build_model_and_optimizer
 from sparse_jax.training.placement import Placement
 from sparse_jax.training.steps import make_train_step
-from sparse_jax.training.tasks.lm import LanguageModelTask, build_model_and_optimizer
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # When each part stops starting cells, as a fraction of --budget_s from the start. A cell

@@ -21,8 +21,8 @@ import time
 import jax
 
 from configs import terraformer_arithmetic
-from sparse_jax.training.evaluate_checkpoint import evaluate_checkpoint
-from sparse_jax.training.loop import train_and_evaluate
+from sparse_jax.tasks import train_and_evaluate
+from sparse_jax.tasks.runs import evaluate_checkpoint
 
 # Table 4 (per digit, whole sequence), trained on <= 128 digits, tested on 256-300.
 PAPER = {("copy", "terraformer"): (0.999, 0.939), ("copy", "transformer"): (0.798, 0.0),

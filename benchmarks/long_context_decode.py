@@ -43,7 +43,8 @@ from flax import nnx
 from sparse_jax.layers.counting import count_params
 from sparse_jax.layers.lsh_attention import (LSHSelfAttention, normalized_keys, prefix_window,
                                              rotation_buckets)
-from sparse_jax.models.terraformer import Terraformer, TerraformerConfig
+from sparse_jax.models.terraformer import Terraformer
+from sparse_jax.models.terraformer_config import TerraformerConfig
 
 MODELS = ("terraformer", "transformer")
 PAPER_LSH = {"n_hashes": 2, "n_buckets": 128, "chunk_len": 128}

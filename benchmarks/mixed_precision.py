@@ -20,7 +20,7 @@ import tempfile
 
 from benchmarks.machine import machine_info
 from configs import default
-from sparse_jax.training.loop import train_and_evaluate
+from sparse_jax.tasks import train_and_evaluate
 
 DTYPES = ("float32", "bfloat16")
 

@@ -19,10 +19,10 @@ import jax
 
 from configs import quality_small
 from sparse_jax.models.accounting import model_report
-from sparse_jax.training.loop import train_and_evaluate
+from sparse_jax.tasks import train_and_evaluate
 
 # Every variant has the dense FF's 132k parameters per layer (within 1.2%, PKM), in the form
-# the sigma-MoE authors ran it (README "Feed-forward kinds"): Switch with G = K*G, N_E / K
+# the sigma-MoE authors ran it (docs/sigma_moe.md "Feed-forward kinds"): Switch with G = K*G, N_E / K
 # experts, no capacity limit; S-BASE per sequence; PKM with knn >= sub-keys (dense path).
 VARIANTS = {
     "dense": {"kind": "dense", "d_ff": 514},

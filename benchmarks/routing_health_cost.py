@@ -26,11 +26,11 @@ from flax import nnx
 from benchmarks.machine import machine_info, write_result
 from configs import default
 from sparse_jax import parallel
+from sparse_jax.tasks.lm import LanguageModelTask, build_model_and_optimizer
 from sparse_jax.training.loop import MetricsWindow
 from sparse_jax.training.placement import Placement
 from sparse_jax.training.routing_health import PREFIX, RoutingHealth
 from sparse_jax.training.steps import make_train_step
-from sparse_jax.training.tasks.lm import LanguageModelTask, build_model_and_optimizer
 
 
 def bench_config(preset: str):

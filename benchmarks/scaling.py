@@ -27,9 +27,9 @@ from flax import nnx
 
 from configs import default
 from sparse_jax import parallel
+from sparse_jax.tasks.lm import LanguageModelTask, build_model_and_optimizer
 from sparse_jax.training.placement import Placement
 from sparse_jax.training.steps import make_train_step
-from sparse_jax.training.tasks.lm import LanguageModelTask, build_model_and_optimizer
 
 AXES = {"data": 0, "fsdp": 1, "expert": 2}
 

@@ -6,7 +6,7 @@ protocol on `configs/spartan_stdlib.py`).
 
 Pretrains the byte LM backbone as `python train.py` does (into WORKDIR/backbone, unless it is
 there), then trains `configs/spartan_stdlib.py:<method>` over the seeds
-(`training.seed_runs.run_seeds`, WORKDIR/<method>/seed_<s>) and prints one table: validation
+(`tasks.seed_runs.run_seeds`, WORKDIR/<method>/seed_<s>) and prints one table: validation
 accuracy and Matthews correlation, mean +- sample std, trainable parameters and minutes per
 run. Methods already in `--out` are kept and skipped, so a long comparison can be finished by
 later invocations (every run also resumes from its checkpoints).
@@ -21,8 +21,8 @@ import time
 import jax
 
 from configs import default, spartan_stdlib
-from sparse_jax.training.loop import train_and_evaluate
-from sparse_jax.training.seed_runs import run_seeds
+from sparse_jax.tasks import train_and_evaluate
+from sparse_jax.tasks.seed_runs import run_seeds
 
 METRICS = ("accuracy", "matthews_corrcoef")
 

@@ -53,13 +53,13 @@ def _pkm(model: str, matched: str, activation: str, init: str = "authors") -> di
     raise ValueError(f"moe_variants.py: the PKM variants exist for {sorted(PKM_SUBKEYS)} "
                      f"(the paper's PKM rows); got model {model!r}.")
   n_subkeys = PKM_SUBKEYS[model][0 if matched == "params" else 1]
-  return {"kind": "pkm", "n_subkeys": n_subkeys, "knn": 128, "n_heads": 4,
-          "activation": activation, "init": init}
+  return {"kind": "pkm", "n_subkeys": n_subkeys, "knn": 128, "activation": activation,
+          "init": init}
 
 
 def _variant_ff(config: ml_collections.ConfigDict, variant: str, model: str) -> dict:
   ff = config.model.ff
-  moe_routing = {"n_experts": ff.n_experts, "expert_size": ff.expert_size, "impl": ff.impl,
+  moe_routing = {"n_experts": ff.n_experts, "expert_size": ff.expert_size,
                  "reg_coef": ff.reg_coef}
   sweep_delta = sigma_moe_paper.SWEEP_EXPERT_DROPOUT[model]
   active = ff.k * ff.expert_size

@@ -10,10 +10,10 @@ from configs import default
 
 
 def get_config():
-  config = default.get_config()
-  config.model.update(d_model=128, n_layers=4, n_heads=4, mem_len=128, dropout=0.0)
-  config.model.ff = {"kind": "dense", "d_ff": 514, "dropout": 0.0}
-  config.train.update(steps=1000, lr=2e-3, log_every=50, eval_every=1000,
+  config = default.get_config()  # Its data, 4 layers of 4 heads, memory and training.
+  config.model.d_model = 128
+  config.model.ff = {"kind": "dense", "d_ff": 514}
+  config.train.update(steps=1000, log_every=50, eval_every=1000,
                       ckpt_every=1000)  # warmup_steps: 10% of the steps, as in default.py.
   config.eval.max_batches = 100
   return config

@@ -24,9 +24,8 @@ BLOCK_SIZE = 32
 
 def _dense_config() -> ml_collections.ConfigDict:
   config = default.get_config()
-  config.model.update(attention="causal", positions="sinusoidal", n_heads=8, mem_len=0,
-                      loss_sparsity=0)
-  config.model.ff = ml_collections.ConfigDict({"kind": "dense", "d_ff": 1024, "dropout": 0.0})
+  config.model.update(attention="causal", positions="sinusoidal", n_heads=8, mem_len=0)
+  config.model.ff = ml_collections.ConfigDict({"kind": "dense", "d_ff": 1024})
   return config
 
 
@@ -39,8 +38,7 @@ def get_config(variant: str = "dense") -> ml_collections.ConfigDict:
     config.model.attention = "sparse_qkv"
   if variant.startswith("ff"):
     config.model.ff = ml_collections.ConfigDict({
-        "kind": "sparse_ff", "d_ff": 1024, "block_size": BLOCK_SIZE, "d_lowrank": 32,
-        "temperature": 0.1, "quant_prob": 0.3})
+        "kind": "sparse_ff", "d_ff": 1024, "block_size": BLOCK_SIZE, "d_lowrank": 32})
   if variant.endswith("loss"):
     config.model.loss_sparsity = 4
   if variant != "dense":

@@ -32,8 +32,7 @@ def sigma_moe_ff(n_experts: int, expert_size: int, k: int, expert_dropout: float
                  reg_coef: float) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict({
       "kind": "sigma_moe", "n_experts": n_experts, "expert_size": expert_size, "k": k,
-      "expert_dropout": expert_dropout, "reg_coef": reg_coef, "init": "sigma",
-      "expert_hidden_dropout": 0.0, "impl": "auto"})
+      "expert_dropout": expert_dropout, "reg_coef": reg_coef})
 
 
 def get_config(model: str = "wt103_s") -> ml_collections.ConfigDict:

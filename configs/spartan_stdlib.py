@@ -7,15 +7,10 @@ The backbone is the byte LM that `python train.py` (configs/default.py) leaves i
   python train.py --config=configs/spartan_stdlib.py:pfeiffer --workdir=runs/stdlib_pfeiffer
 """
 
-from ml_collections import config_dict
-
 from configs import finetune_common
 
 
 def get_config(config_string: str | None = None):
   return finetune_common.base_config(
-      config_string,
-      task={"name": "stdlib_packages", "source_root": config_dict.placeholder(str),
-            "snippet_bytes": 256, "max_len": 256},
-      backbone={"kind": "lm_checkpoint", "path": "runs/default"},
-      steps=600)
+      config_string, task={"name": "stdlib_packages", "max_len": 256},  # Whole snippets.
+      backbone={"kind": "lm_checkpoint", "path": "runs/default"}, steps=600)

@@ -8,15 +8,11 @@ preparing the data (README "Datasets").
 
 import ml_collections
 
-from configs import paper_training, wt103_s_dense
+from configs import wt103_s_dense
 
 
 def get_config() -> ml_collections.ConfigDict:
-  config = wt103_s_dense.get_config()
-  config.data.seq_len = 512
-  config.model.update(d_model=1024, n_layers=18, n_heads=16, head_dim=64, mem_len=512,
-                      dropout=0.2)
-  config.model.ff = ml_collections.ConfigDict({"kind": "dense", "d_ff": 4110, "dropout": 0.2})
-  paper_training.paper_train_and_eval(config)
+  config = wt103_s_dense.on_wikitext103(context=512, d_model=1024, n_layers=18, n_heads=16,
+                                        head_dim=64, dropout=0.2, d_ff=4110)
   config.train.warmup_steps = config.train.get_ref("steps") // 25  # 4000 of the 100k steps.
   return config

@@ -26,6 +26,5 @@ def get_config(variant: str | None = None):
   if variant == "remat":
     config.model.remat = "dots"
   else:
-    config.model.remat = "none"
     config.train.grad_accum_steps = 2
   return config

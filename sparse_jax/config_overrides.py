@@ -18,7 +18,7 @@ import ml_collections
 from sparse_jax.data.classification import TaskConfig
 from sparse_jax.data.datasets import DataConfig
 from sparse_jax.models import encoder  # noqa: F401  (registers model.kind = "encoder")
-from sparse_jax.models.lm import ModelConfig
+from sparse_jax.models.lm_config import ModelConfig
 from sparse_jax.schema import Schema
 
 # Top-level config sections with a schema, searched for tagged sections at any depth.

@@ -48,7 +48,6 @@ fsdp size divides (replicated if none does), and batches over all three axes. Ar
 declared axes (RNG keys, step counts, a parameter that declares none) are replicated.
 """
 
-import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -82,7 +81,6 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class MeshConfig(schema.Schema):
   """The `mesh` section: sizes of the `(data, fsdp, expert)` axes; one may be -1, "all
   remaining devices" (an empty section: one device)."""

@@ -3,7 +3,6 @@
 Configs stay ml_collections files on the outside (command-line overrides keep working); each
 module parses its section once through a `Schema` and reads typed attributes after that:
 
-    @dataclasses.dataclass(frozen=True, kw_only=True)
     class DenseFFConfig(FFConfig):
       d_ff: schema.PositiveInt
       dropout: schema.Probability = 0.0
@@ -126,9 +125,11 @@ def _is_schema(hint) -> bool:
   return isinstance(hint, type) and issubclass(hint, Schema)
 
 
+@typing.dataclass_transform(kw_only_default=True, frozen_default=True)
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Schema:
-  """A config section (module docstring): subclass as a frozen, kw_only dataclass."""
+  """A config section (module docstring): every subclass is made a frozen, kw_only dataclass
+  when it is defined (as `flax.struct.PyTreeNode` does), so it carries no decorator."""
 
   _tag: ClassVar[str | None] = None  # The tag field of a tagged section, e.g. "kind".
   _default_tag: ClassVar[str | None] = None
@@ -136,6 +137,7 @@ class Schema:
 
   def __init_subclass__(cls, tag: str | None = None, default: str | None = None, **kwargs):
     super().__init_subclass__(**kwargs)
+    dataclasses.dataclass(frozen=True, kw_only=True)(cls)
     if tag is not None:
       cls._tag, cls._default_tag, cls._variants = tag, default, {}
 

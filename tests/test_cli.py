@@ -6,7 +6,7 @@ import os
 
 from cli_testing import ONE_DEVICE, cli_config, run_script
 
-from sparse_jax.training.loop import train_and_evaluate
+from sparse_jax.tasks import train_and_evaluate
 
 
 def run(args):

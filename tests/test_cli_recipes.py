@@ -1,7 +1,7 @@
-"""README's command-line recipes, run through `train.py` as a user types them (offline, tiny).
+"""The docs' command-line recipes, run through `train.py` as a user types them (offline, tiny).
 
 Each run shrinks what the recipe does not name (model size, steps, evaluation batches) with
-more overrides, so it takes seconds; the overrides under test are exactly the README's.
+more overrides, so it takes seconds; the overrides under test are exactly the docs'.
 """
 
 import subprocess
@@ -11,7 +11,7 @@ import pytest
 
 from cli_testing import cli_config, run_script
 
-from sparse_jax.training.tasks import task_for
+from sparse_jax.tasks import task_for
 
 TINY = ["--config.model.d_model=32", "--config.model.n_layers=1", "--config.model.n_heads=2",
         "--config.model.mem_len=16", "--config.data.batch_size=2", "--config.data.seq_len=16",
@@ -50,7 +50,7 @@ def test_the_default_config_runs_20_steps(stdlib_slice, tmp_path):
 
 
 def test_own_text_in_three_files(tmp_path):
-  """README "Your own text": `--config.data.name=text_files --config.data.train_file=...`."""
+  """docs/datasets.md "Your own text": `--config.data.name=text_files --config.data.train_file=...`."""
   for seed, split in enumerate(("train", "validation", "test")):
     (tmp_path / f"{split}.txt").write_text(user_text(300, seed), encoding="utf-8")
   result = train(f"--workdir={tmp_path / 'run'}", *TINY, "--config.data.name=text_files",
@@ -81,10 +81,10 @@ def test_switching_the_ff_kind_makes_its_fields_settable(stdlib_slice, tmp_path)
 
 
 def test_documented_overrides_print_params():
-  """README "The paper's models" (`--config.model.ff.k=2 --config.model.ff.reg_coef=0` on a
-  variant) and "Train a config" (d_model, seq_len, steps), without data or training. The
-  first recipe runs as `train.py --print_params`; the others' flags are parsed as train.py
-  parses them (`cli_config`) and reported as its `--print_params` reports, in-process."""
+  """docs/sigma_moe.md "The paper's models" (`--config.model.ff.k=2
+  --config.model.ff.reg_coef=0` on a variant) and README "Train" (d_model, seq_len, steps),
+  without data or training. The first recipe runs as `train.py --print_params`; the others'
+  flags are parsed as train.py parses them (`cli_config`) and reported as its `--print_params` reports, in-process."""
   result = train("--config=configs/moe_variants.py:wt103_s,sigma_moe", "--config.model.ff.k=2",
                  "--config.model.ff.reg_coef=0", "--print_params")
   # WT-S: d_model 412, 16 experts of 128, now K=2, against the matched dense d_ff 2053.

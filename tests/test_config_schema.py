@@ -1,7 +1,6 @@
 """Typed config schemas: the parsing machinery, every section's schema, kind switching on the
 command line, derived values and every LM config file."""
 
-import dataclasses
 from typing import Literal
 
 import ml_collections
@@ -14,32 +13,27 @@ from sparse_jax import schema
 from sparse_jax.config_overrides import switch_kinds, tagged_sections
 from sparse_jax.data import classification, datasets
 from sparse_jax.layers import registry
-from sparse_jax.models import classifier, encoder, lm, plugins
+from sparse_jax.models import classifier, encoder, lm_config, plugins
 from sparse_jax.models.accounting import model_report
 from sparse_jax.validation import ConfigError
 
-_schema = dataclasses.dataclass(frozen=True, kw_only=True)
 
 
-@_schema
 class Inner(schema.Schema):
   size: schema.PositiveInt = 3
 
 
-@_schema
 class Shape(schema.Schema, tag="kind", default="square"):
   kind: str
   inner: Inner
 
 
 @Shape.variant("square")
-@_schema
 class Square(Shape):
   side: float = 1.0
 
 
 @Shape.variant("box", "crate")
-@_schema
 class Box(Shape):
   dims: tuple[schema.PositiveInt, ...]
   label: str | None = None
@@ -174,13 +168,13 @@ def test_an_unknown_ff_kind_lists_the_registered_ones():
 # The model section: LM and encoder kinds, plug-ins.
 
 def test_the_default_model_section_parses_with_every_default_once():
-  model = lm.validate_model_config(default.get_config().model)
-  assert isinstance(model, lm.LMConfig) and isinstance(model.ff, registry.SigmaMoEConfig)
+  model = lm_config.validate_model_config(default.get_config().model)
+  assert isinstance(model, lm_config.LMConfig) and isinstance(model.ff, registry.SigmaMoEConfig)
   assert (model.attention, model.positions, model.dtype, model.loss_sparsity,
           model.tie_embeddings, model.head_dim) == ("xl", "rotary", "float32", 0, False, None)
   assert model.memory == plugins.NoMemoryConfig(kind="none")
   assert model.adapters == plugins.NoAdapterConfig(kind="none")
-  assert lm.validate_model_config(model.to_dict()) == model
+  assert lm_config.validate_model_config(model.to_dict()) == model
 
 
 @pytest.mark.parametrize("change,message", [
@@ -203,14 +197,14 @@ def test_bad_model_fields_name_the_field(change, message):
   cfg = default.get_config().model
   for name, value in change.items():
     cfg[name] = value
-  assert message in error(lm.validate_model_config, cfg)
+  assert message in error(lm_config.validate_model_config, cfg)
 
 
 def test_the_encoder_kind_and_the_spartan_memory():
   cfg = encoder.roberta_base_config()
   cfg.memory = {"kind": "spartan", "n_parents": 16, "n_children": 3, "top_k": 8}
   cfg.adapters = {"kind": "pfeiffer", "bottleneck": 64}
-  model = lm.ModelConfig.parse(cfg, "model")
+  model = lm_config.ModelConfig.parse(cfg, "model")
   assert isinstance(model, encoder.EncoderConfig) and model.pad_id == 1
   assert model.memory == plugins.SpartanMemoryConfig(
       kind="spartan", n_parents=16, n_children=3, top_k=8, temperature=1.0, read="auto")
@@ -257,7 +251,7 @@ def test_each_task_has_its_schema():
 
 def test_the_tagged_sections_are_found_at_every_depth():
   paths = [path for path, _ in tagged_sections({"data": datasets.DataConfig,
-                                                "model": lm.ModelConfig})]
+                                                "model": lm_config.ModelConfig})]
   assert paths == ["data", "model", "model.ff", "model.memory", "model.adapters"]
 
 
@@ -284,12 +278,12 @@ def test_switching_the_dataset_keeps_only_the_new_datasets_fields():
 
 def test_switching_the_ff_kind_and_reporting_a_field_the_new_kind_lacks():
   config = override(default.get_config(), {"model.ff.kind": "dense", "model.ff.d_ff": 64})
-  assert lm.validate_model_config(config.model).ff == registry.DenseFFConfig(kind="dense",
+  assert lm_config.validate_model_config(config.model).ff == registry.DenseFFConfig(kind="dense",
                                                                              d_ff=64)
   config = override(default.get_config(), {"model.ff.kind": "dense", "model.ff.d_ff": 64,
                                             "model.ff.n_experts": 8})
   assert "'model.ff.n_experts' is unknown for model.ff.kind='dense'" in error(
-      lm.validate_model_config, config.model)
+      lm_config.validate_model_config, config.model)
 
 
 def test_no_switch_or_an_unknown_kind_changes_nothing():
@@ -339,7 +333,7 @@ def _lm_configs():
 
 def test_every_lm_config_file_fits_the_schemas():
   for name, config in _lm_configs():
-    lm.validate_model_config(config.model)
+    lm_config.validate_model_config(config.model)
     data = datasets.parse(config.data)
     assert config.model.vocab_size >= data.spec().vocab_size, name
     assert 0 <= config.train.warmup_steps < config.train.steps, name
@@ -347,7 +341,7 @@ def test_every_lm_config_file_fits_the_schemas():
 
 def test_the_one_gpu_wt103_b_config_parses_with_its_memory_settings():
   """The settings `benchmarks/train_memory.py` found to fit an H100 at batch 64."""
-  from sparse_jax.training.tasks import validate_config
+  from sparse_jax.tasks import validate_config
   settings = {variant: validate_config(wt103_b_one_gpu.get_config(variant))
               for variant in wt103_b_one_gpu.VARIANTS}
   assert {v: (s.model.dtype, s.model.remat, s.train.grad_accum_steps, s.data.batch_size)

@@ -4,7 +4,7 @@ import json
 import sys
 
 from benchmarks import decode
-from sparse_jax.models.lm import validate_model_config
+from sparse_jax.models.lm_config import validate_model_config
 
 
 def test_decode_benchmark_writes_its_table(tmp_path, monkeypatch, capsys):

@@ -1,28 +1,49 @@
-"""The README's code is true of the package: its snippets' imports and every dotted name it
-mentions (`sparse_jax.models.Encoder`, `finetune.methods.trainable_filter`, ...) resolve."""
+"""The README and the pages of docs/ are true of the repository: their snippets' imports run,
+every dotted name they mention (`sparse_jax.models.Encoder`,
+`finetune.methods.trainable_filter`, ...) resolves, every command names a script, module or
+config that exists, every relative link points to a file (and heading) that exists, the README
+stays a front page, and no page states how long the test suite takes (timings live in
+benchmarks/RESULTS.md, with their command, machine and date)."""
 
+import functools
+import glob
 import importlib
+import importlib.util
 import os
 import re
 
 import pytest
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
-# Packages the README names without the `sparse_jax.` prefix.
-SUBPACKAGES = ("models", "layers", "training", "finetune", "data", "parallel", "decoding")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = "README.md"
+# Every page checked, relative to ROOT: the README and docs/*.md.
+PAGES = [README] + sorted(os.path.relpath(path, ROOT)
+                          for path in glob.glob(os.path.join(ROOT, "docs", "*.md")))
+README_MAX_LINES = 250
+# Packages the pages name without the `sparse_jax.` prefix.
+SUBPACKAGES = ("models", "layers", "training", "tasks", "finetune", "data", "parallel",
+               "decoding")
+
+_FENCED = re.compile(r"^```(\w*)\n(.*?)^```", flags=re.S | re.M)
 
 
-def readme() -> str:
-  with open(README, encoding="utf-8") as f:
+@functools.cache
+def text(page: str) -> str:
+  with open(os.path.join(ROOT, page), encoding="utf-8") as f:
     return f.read()
 
 
-def python_blocks() -> list[str]:
-  return re.findall(r"```python\n(.*?)```", readme(), flags=re.S)
+def code_blocks(page: str, *languages: str) -> list[str]:
+  return [body for lang, body in _FENCED.findall(text(page)) if lang in languages]
 
 
-def import_lines() -> list[str]:
-  return [line.strip() for block in python_blocks() for line in block.splitlines()
+def prose(page: str) -> str:
+  """The page without its fenced code blocks."""
+  return _FENCED.sub("", text(page))
+
+
+def import_lines(page: str) -> list[str]:
+  return [line.strip() for block in code_blocks(page, "python") for line in block.splitlines()
           if re.match(r"\s*(from \S+ import |import )", line)]
 
 
@@ -32,11 +53,11 @@ def is_config_field(parts: list[str]) -> bool:
   return len(parts) == 2 and parts[1].islower() and parts[0] == "data"
 
 
-def dotted_names() -> list[str]:
+def dotted_names(page: str) -> list[str]:
   """Backticked dotted names rooted in our packages, e.g. `models.hf_roberta.load_encoder`
   (calls and arguments stripped)."""
   names = set()
-  for match in re.findall(r"`([A-Za-z_][\w.]*\.[A-Za-z_]\w*)[(`\[]", readme()):
+  for match in re.findall(r"`([A-Za-z_][\w.]*\.[A-Za-z_]\w*)[(`\[]", text(page)):
     parts = match.split(".")
     if parts[0] in ("sparse_jax", "pallas_kernels"):
       names.add(match)
@@ -59,15 +80,129 @@ def resolve(dotted: str):
   raise ModuleNotFoundError(dotted)
 
 
-def test_the_readme_has_snippets_and_names_to_check():
-  assert len(import_lines()) >= 5 and len(dotted_names()) >= 10
+def commands(page: str) -> list[str]:
+  """Shell text that may run a command: the bash/sh blocks and the inline code of the prose."""
+  return code_blocks(page, "bash", "sh") + re.findall(r"`([^`]+)`", prose(page))
 
 
-@pytest.mark.parametrize("line", import_lines())
-def test_snippet_imports_work(line):
+def missing_commands(page: str) -> list[str]:
+  """`python X.py`, `python -m M`, `python -m pytest PATH` and `configs/NAME.py[:ARG]` naming a
+  file or module that does not exist."""
+  missing = []
+  for shell in commands(page):
+    for match in re.finditer(r"(?<![\w./-])python3?[ \t]+(-m[ \t]+)?([\w./:-]+)(.*)", shell):
+      as_module, target, rest = match.groups()
+      if as_module:
+        if not module_exists(target):
+          missing.append(f"python -m {target}")
+        elif target == "pytest":
+          missing += [f"pytest {path}" for path in re.findall(r"(?<![\w=-])(tests/\S+)", rest)
+                      if not os.path.exists(os.path.join(ROOT, path.split("::")[0]))]
+      elif target.endswith(".py") and not os.path.isfile(os.path.join(ROOT, target)):
+        missing.append(f"python {target}")
+  for name in re.findall(r"(?<![\w/])configs/(\w+)\.py", text(page)):
+    if not os.path.isfile(os.path.join(ROOT, "configs", f"{name}.py")):
+      missing.append(f"configs/{name}.py")
+  return sorted(set(missing))
+
+
+def module_exists(module: str) -> bool:
+  """A module of this repository (a file or a package's __main__) or an installed one."""
+  path = os.path.join(ROOT, *module.split("."))
+  if os.path.isdir(os.path.join(ROOT, module.split(".")[0])):
+    return os.path.isfile(path + ".py") or os.path.isfile(os.path.join(path, "__main__.py"))
+  return importlib.util.find_spec(module) is not None
+
+
+def heading_anchors(page: str) -> set[str]:
+  """GitHub's anchors of a Markdown file's headings: lower case, punctuation other than `-`
+  and `_` dropped, spaces as `-`, repeats numbered."""
+  anchors, seen = set(), {}
+  for heading in re.findall(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", prose(page), flags=re.M):
+    anchor = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+    count = seen.get(anchor, 0)
+    seen[anchor] = count + 1
+    anchors.add(anchor if count == 0 else f"{anchor}-{count}")
+  return anchors
+
+
+def broken_links(page: str) -> list[str]:
+  """Relative links `[text](path#anchor)` whose file, or whose heading in a Markdown file,
+  does not exist (web links are not followed)."""
+  broken = []
+  for target in re.findall(r"\]\(([^()\s]+)\)", prose(page)):
+    if re.match(r"[a-z]+:", target):
+      continue
+    path, _, anchor = target.partition("#")
+    linked = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path else page
+    if not os.path.exists(os.path.join(ROOT, linked)):
+      broken.append(target)
+    elif anchor and linked.endswith(".md") and anchor not in heading_anchors(linked):
+      broken.append(target)
+  return broken
+
+
+_DURATION = re.compile(
+    r"\b\d+(?:\.\d+)?\s*(?:ms|s|secs?|seconds?|mins?|minutes?|h|hrs?|hours?)\b"
+    r"|\b(?:a|an|one|two|few|several)\s+(?:seconds?|minutes?|hours?)\b", flags=re.I)
+_TEST_RUN = re.compile(r"\b(?:pytest|test suite|the suite|passed|tests? (?:took|takes|ran|run)"
+                       r"|(?:the|our) tests)\b", flags=re.I)
+
+
+def duration_statements(page: str) -> list[str]:
+  """Paragraphs (or table rows) that speak of running the tests and state a duration."""
+  chunks = [chunk for paragraph in re.split(r"\n\s*\n", text(page))
+            for chunk in (paragraph.splitlines() if paragraph.lstrip().startswith("|")
+                          else [paragraph])]
+  return [" ".join(chunk.split())[:160] for chunk in chunks
+          if _TEST_RUN.search(chunk) and _DURATION.search(chunk)]
+
+
+def _cases(collect) -> list:
+  return [pytest.param(page, item, id=f"{page}:{item}") for page in PAGES
+          for item in collect(page)]
+
+
+def test_the_pages_have_snippets_and_names_to_check():
+  assert len(import_lines(README)) >= 5
+  assert sum(len(dotted_names(page)) for page in PAGES) >= 10
+  assert len(PAGES) > 1, "docs/ has no pages"
+
+
+@pytest.mark.parametrize("page,line", _cases(import_lines))
+def test_snippet_imports_work(page, line):
+  del page
   exec(line, {})  # pylint: disable=exec-used
 
 
-@pytest.mark.parametrize("name", dotted_names())
-def test_named_objects_exist(name):
+@pytest.mark.parametrize("page,name", _cases(dotted_names))
+def test_named_objects_exist(page, name):
+  del page
   assert resolve(name) is not None
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_commands_name_files_that_exist(page):
+  assert not missing_commands(page), f"{page} names what does not exist"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_relative_links_point_to_files_that_exist(page):
+  assert not broken_links(page), f"{page} links to what does not exist"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_no_page_states_how_long_the_tests_take(page):
+  assert not duration_statements(page), (
+      f"{page}: timings belong in benchmarks/RESULTS.md (with command, machine and date)")
+
+
+def test_the_readme_is_a_front_page():
+  lines = text(README).count("\n")
+  assert lines <= README_MAX_LINES, f"README.md has {lines} lines; the manual goes in docs/"
+
+
+def test_every_docs_page_is_linked_from_the_readme():
+  linked = {os.path.normpath(target.partition("#")[0])
+            for target in re.findall(r"\]\(([^()\s]+)\)", prose(README))}
+  assert not [page for page in PAGES[1:] if page not in linked]

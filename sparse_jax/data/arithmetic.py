@@ -31,7 +31,6 @@ The `ArithmeticConfig` schema holds the task, the length range and size of each 
 the seed.
 """
 
-import dataclasses
 from typing import Literal, Sequence
 
 import grain
@@ -51,7 +50,6 @@ SPLITS = ("train", "validation", "test")
 _SPLIT_STREAMS = {"train": 0, "test": 1, "validation": 2}
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class ArithmeticConfig(schema.Schema):
   """The copy/add task (module docstring): digit-count ranges per split, sizes and seed.
 

@@ -61,7 +61,6 @@ PAD, EOS = padded_batches.PAD, 1
 PAPER_VOCAB_SIZE, PAPER_MAX_INPUT_LEN, PAPER_MAX_TARGET_LEN = 32_000, 15_359, 1_023
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class ArxivConfig(schema.Schema):
   """Where the data lives and how it is tokenised; defaults are the paper's (Sec. 4.4)."""
 

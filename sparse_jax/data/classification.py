@@ -42,7 +42,7 @@ _GLUE = {
     "rte": (("sentence1", "sentence2"), 2),
     "wnli": (("sentence1", "sentence2"), 2),
 }
-# Metrics logged per GLUE config (names of `training.classification_metrics.METRICS`).
+# Metrics logged per GLUE config (names of `tasks.classification_metrics.METRICS`).
 _GLUE_METRICS = {
     "cola": ("matthews_corrcoef", "accuracy"),
     "mrpc": ("accuracy", "f1"),
@@ -79,10 +79,8 @@ class ClassificationSplit:
     return len(self.labels)
 
 
-_schema = dataclasses.dataclass(frozen=True, kw_only=True)
 
 
-@_schema
 class TaskConfig(schema.Schema, tag="name"):
   """The `task` section: `name` picks the task's schema; the fields every task has."""
 
@@ -103,7 +101,6 @@ class TaskConfig(schema.Schema, tag="name"):
 
 
 @TaskConfig.variant(STDLIB_TASK)
-@_schema
 class StdlibTaskConfig(TaskConfig):
   """Which stdlib package a snippet comes from (`sparse_jax.data.stdlib_packages`)."""
 
@@ -131,7 +128,6 @@ class StdlibTaskConfig(TaskConfig):
 
 
 @TaskConfig.variant(*(f"glue/{config}" for config in _GLUE))
-@_schema
 class GlueTaskConfig(TaskConfig):
   """A GLUE task, read by TFDS's `glue.Glue` builder."""
 

@@ -22,7 +22,6 @@ from sparse_jax.data import enwik8, sentencepiece_tokenizer, text_files, wikitex
 from sparse_jax.data.builtin import Builtin
 
 SPLITS = ("train", "validation", "test")
-_schema = dataclasses.dataclass(frozen=True, kw_only=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +46,6 @@ class TokenSplit:
     return self.words / len(self.tokens) if self.words and len(self.tokens) else None
 
 
-@_schema
 class DataConfig(schema.Schema, tag="name"):
   """The `data` section: `name` picks the dataset's schema; the fields all datasets have."""
 
@@ -61,7 +59,6 @@ class DataConfig(schema.Schema, tag="name"):
 
 
 @DataConfig.variant("builtin")
-@_schema
 class BuiltinData(DataConfig):
   """This Python's standard library as bytes (no download)."""
 
@@ -72,7 +69,6 @@ class BuiltinData(DataConfig):
                                        file_format="array_record"), vocab_size=256, unit="byte")
 
 
-@_schema
 class DownloadedData(DataConfig):
   """A dataset whose source is found in `manual_dir` or downloaded."""
 
@@ -87,7 +83,6 @@ class DownloadedData(DataConfig):
 
 
 @DataConfig.variant("enwik8")
-@_schema
 class Enwik8Data(DownloadedData):
   """Enwik8 bytes (`sparse_jax.data.enwik8`)."""
 
@@ -108,7 +103,6 @@ def _check_sp_vocab_size(vocab_size: int, path: str) -> None:
 
 
 @DataConfig.variant("wikitext103")
-@_schema
 class Wikitext103Data(DownloadedData):
   """WikiText-103 as SentencePiece tokens (`sparse_jax.data.wikitext103`)."""
 
@@ -126,7 +120,6 @@ class Wikitext103Data(DownloadedData):
 
 
 @DataConfig.variant("text_files")
-@_schema
 class TextFilesData(DataConfig):
   """The user's text files (`sparse_jax.data.text_files`): three split files, or `file` cut
   by `split_fractions`."""

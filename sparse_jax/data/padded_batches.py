@@ -2,7 +2,8 @@
 
 Every seq2seq dataset (`arithmetic`, `arxiv`) yields variable-length int32 examples ending in
 EOS; the model reads fixed shapes, so each is padded with PAD (0) to its split's maximum
-lengths, then batched by grain, whose iterators checkpoint their position.
+lengths, then batched by grain, whose iterators checkpoint their position. `train_iterator`
+batches any dataset of fixed-shape examples: the classification tasks' too (`task_batches`).
 """
 
 import grain
@@ -26,9 +27,10 @@ def padded(dataset: grain.MapDataset, n_inputs: int, n_targets: int) -> grain.Ma
 
 def train_iterator(dataset: grain.MapDataset, *, seed: int, batch_size: int,
                    rows: slice = slice(None)) -> grain.DatasetIterator:
-  """Endless batches `{"inputs": [B, S], "targets": [B, T]}` of the padded `dataset`,
-  reshuffled every epoch; checkpointable (`get_state`/`set_state`). Yields `rows` of every
-  batch (this process's rows in a multi-process job)."""
+  """Endless batches of `dataset`'s examples (dicts of fixed-shape arrays, e.g. the padded
+  `{"inputs": [B, S], "targets": [B, T]}`), reshuffled every epoch; checkpointable
+  (`get_state`/`set_state`). Yields `rows` of every batch (this process's rows in a
+  multi-process job), so the global batches are the same for any number of processes."""
   batches = (dataset.shuffle(seed=seed).repeat(None).batch(batch_size, drop_remainder=True)
              .map(lambda batch: {k: v[rows] for k, v in batch.items()}))
   return iter(batches.to_iter_dataset())

@@ -8,7 +8,6 @@ answers are scored.
 """
 
 import abc
-import dataclasses
 
 import grain
 import numpy as np
@@ -16,7 +15,6 @@ import numpy as np
 from sparse_jax import schema
 from sparse_jax.data import arithmetic, arxiv, padded_batches, rouge_metrics
 
-_schema = dataclasses.dataclass(frozen=True, kw_only=True)
 
 
 class Seq2SeqData(abc.ABC):
@@ -43,7 +41,6 @@ class Seq2SeqData(abc.ABC):
     examples."""
 
 
-@_schema
 class Seq2SeqDataConfig(schema.Schema, tag="name"):
   """The `data` section: `name` picks the dataset's schema; `batch_size` is the training
   batch."""
@@ -56,7 +53,6 @@ class Seq2SeqDataConfig(schema.Schema, tag="name"):
 
 
 @Seq2SeqDataConfig.variant("arithmetic")
-@_schema
 class ArithmeticData(Seq2SeqDataConfig, arithmetic.ArithmeticConfig):
   """Copy or add (`data.task`), offline (Table 4)."""
 
@@ -88,7 +84,6 @@ class _Arithmetic(Seq2SeqData):
 
 
 @Seq2SeqDataConfig.variant("arxiv")
-@_schema
 class ArxivData(Seq2SeqDataConfig, arxiv.ArxivConfig):
   """arXiv summarisation (Table 5): TFDS `scientific_papers/arxiv`, SentencePiece ids."""
 

@@ -9,6 +9,8 @@ padded by repeating row 0 and marked in `weights`.
 import grain
 import numpy as np
 
+from sparse_jax.data import padded_batches
+
 
 class TaskRows:
   """A grain random-access source over equally long arrays: element i is `{k: v[i]}`."""
@@ -32,15 +34,11 @@ class TaskRows:
 
 def train_iterator(arrays: dict[str, np.ndarray], batch_size: int, seed: int,
                    rows: slice = slice(None)) -> grain.DatasetIterator:
-  """Endless batches of `batch_size` rows, reshuffled every epoch; `get_state`/`set_state`.
-
-  Yields `rows` of every batch (in a multi-process job, the rows this process's devices
-  hold), so the global batches are the same for any number of processes.
-  """
-  dataset = (grain.MapDataset.source(TaskRows(arrays)).shuffle(seed=seed).repeat(None)
-             .batch(batch_size, drop_remainder=True)
-             .map(lambda batch: {k: v[rows] for k, v in batch.items()}))
-  return iter(dataset.to_iter_dataset())
+  """Endless batches of `batch_size` rows, reshuffled every epoch; `get_state`/`set_state`
+  (`padded_batches.train_iterator`). Yields `rows` of every batch (in a multi-process job,
+  the rows this process's devices hold)."""
+  return padded_batches.train_iterator(grain.MapDataset.source(TaskRows(arrays)), seed=seed,
+                                       batch_size=batch_size, rows=rows)
 
 
 def eval_batches(arrays: dict[str, np.ndarray], batch_size: int):

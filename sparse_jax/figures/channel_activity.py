@@ -10,7 +10,7 @@ import numpy as np
 
 from sparse_jax.figures import output, recording
 from sparse_jax.layers.dense_ff import DenseFF
-from sparse_jax.training import saved_runs
+from sparse_jax.tasks import runs
 
 
 def _active_counts(ff: DenseFF, args: tuple, _) -> np.ndarray:
@@ -24,7 +24,7 @@ def compute_channel_activity(workdir: str, *, step: int | None = None,
                              max_batches: int | None = 8) -> dict:
   """Per layer (in depth order): mean and std over tokens of the active channels of `u`,
   with `d_ff` and the tokens counted, for the dense LM saved in `workdir`."""
-  model, config = saved_runs.load(workdir, step)
+  model, config = runs.load(workdir, step)
   if not recording.modules_of_type(model, DenseFF):
     raise ValueError(f"channel activity needs a dense feed-forward model "
                      f"(model.ff.kind 'dense' or 'topk'); {workdir} has "

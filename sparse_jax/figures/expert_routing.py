@@ -13,7 +13,7 @@ import numpy as np
 
 from sparse_jax.figures import output, recording
 from sparse_jax.layers.routers.routing import Router
-from sparse_jax.training import saved_runs
+from sparse_jax.tasks import runs
 
 
 def _chosen(router: Router, args: tuple, routing) -> np.ndarray:
@@ -40,7 +40,7 @@ def compute_expert_routing(workdir: str, *, layer: int = 2, step: int | None = N
                            max_batches: int | None = 8) -> dict:
   """Usage `[L, E]` of every MoE layer and the co-occurrence `[E, E]` of layer `layer`
   (0-based block index; the paper shows the 3rd layer) of the MoE LM saved in `workdir`."""
-  model, config = saved_runs.load(workdir, step)
+  model, config = runs.load(workdir, step)
   routers = recording.modules_of_type(model, Router)
   if not routers:
     raise ValueError(f"expert routing needs a mixture-of-experts model; {workdir} has "

@@ -15,7 +15,7 @@ from flax import nnx
 
 from sparse_jax import data
 from sparse_jax.data.lm_stream import eval_batches
-from sparse_jax.training.tasks.lm import LMExperiment
+from sparse_jax.tasks.lm import LMExperiment
 
 
 def modules_of_type(model: nnx.Module, module_type: type) -> dict[str, nnx.Module]:

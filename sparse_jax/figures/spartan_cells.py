@@ -14,8 +14,8 @@ import numpy as np
 from sparse_jax.figures import output, recording
 from sparse_jax.layers import spartan
 from sparse_jax.layers.spartan import SpartanMemory
-from sparse_jax.training import saved_runs
-from sparse_jax.training.tasks import ClassificationTask, task_for
+from sparse_jax.tasks import runs
+from sparse_jax.tasks import ClassificationTask, task_for
 
 
 def _parents(memory: SpartanMemory, args: tuple, _) -> np.ndarray:
@@ -40,7 +40,7 @@ def compute_spartan_cells(workdir: str, *, split: str = "validation",
                           max_examples: int | None = 512, step: int | None = None) -> dict:
   """Picks of each parent of the last SPARTAN layer by class (module docstring) over the
   first `max_examples` examples of `split`, for the fine-tuning run saved in `workdir`."""
-  model, config = saved_runs.load(workdir, step)
+  model, config = runs.load(workdir, step)
   task = task_for(config)
   memories = recording.modules_of_type(model, SpartanMemory)
   if not isinstance(task, ClassificationTask) or not memories:

@@ -1,3 +1,4 @@
-"""Fine-tuning a frozen backbone: the methods (`methods`: plug-ins and what trains), the
-pretrained backbones (`backbones`) and storage per task (`storage`, SPARTAN App. E). The
-classification task (`training.tasks.classification`) trains them on the engine."""
+"""Fine-tuning a frozen backbone: the methods (`methods`: plug-ins and what trains) and
+storage per task (`storage`, SPARTAN App. E). Below the tasks: the classification task
+(`tasks.classification`, with its pretrained backbones in `tasks.backbones`) trains them on
+the engine."""

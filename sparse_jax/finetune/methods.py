@@ -18,7 +18,6 @@ LayerNorms), never by attribute names.
 """
 
 import copy
-import dataclasses
 from typing import Literal
 
 import ml_collections
@@ -37,10 +36,8 @@ METHODS = ("full", "head", "houlsby", "pfeiffer", "spartan")
 PLUG_IN_METHODS = ("houlsby", "pfeiffer", "spartan")
 LEARNING_RATES = {"spartan": 1e-3, "houlsby": 1e-4, "pfeiffer": 1e-4, "full": 2e-5, "head": 1e-3}
 
-_schema = dataclasses.dataclass(frozen=True, kw_only=True)
 
 
-@_schema
 class SpartanSettings(schema.Schema):
   """`method.spartan`: the memory of every layer (SPARTAN App. A: N_p 16, N_c 3, top-K 8)."""
 
@@ -52,7 +49,6 @@ class SpartanSettings(schema.Schema):
   read: Literal[("auto", *READS)] = "auto"
 
 
-@_schema
 class AdapterSettings(schema.Schema):
   """`method.adapter`: the bottleneck adapters (SPARTAN App. A: bottleneck 64), AdapterHub's
   (`layers.adapters`); `activation` and `original_ln_before` None take the kind's AdapterHub
@@ -64,7 +60,6 @@ class AdapterSettings(schema.Schema):
   init: Literal[ADAPTER_INITS] = "bert"
 
 
-@_schema
 class MethodConfig(schema.Schema):
   """The `method` section. `train_layer_norms` None follows the reference code of each method:
   SPARTAN's trains the backbone's LayerNorms (the paper does not say so), AdapterHub's

@@ -21,10 +21,10 @@ import jax
 import ml_collections
 from flax import nnx
 
+from sparse_jax.finetune import methods
 from sparse_jax.layers.adapters import ADAPTERS_PER_LAYER
 from sparse_jax.layers.param_types import LayerNormParam, PlugInParam
 from sparse_jax.models.classifier import SequenceClassifier
-from sparse_jax.finetune import methods
 
 
 

@@ -26,10 +26,10 @@ class DenseFF(FeedForward):
     self.d_model, self.d_ff, self.activation_name = d_model, d_ff, activation
     std_up = initializers.depth_scaled_std(d_model, n_layers)
     std_down = initializers.depth_scaled_std(d_ff, n_layers)
-    self.w_up = nnx.Param(initializers.normal(std_up)(rngs.params(), (d_model, d_ff)),
+    self.w_up = nnx.Param(jax.nn.initializers.normal(std_up)(rngs.params(), (d_model, d_ff)),
                           logical_axes=("embed", "mlp"))
     self.b_up = nnx.Param(jnp.zeros((d_ff,)), logical_axes=("mlp",))
-    self.w_down = nnx.Param(initializers.normal(std_down)(rngs.params(), (d_ff, d_model)),
+    self.w_down = nnx.Param(jax.nn.initializers.normal(std_down)(rngs.params(), (d_ff, d_model)),
                             logical_axes=("mlp", "embed"))
     self.b_down = nnx.Param(jnp.zeros((d_model,)), logical_axes=("embed",))
     self.dropout = nnx.Dropout(dropout, rngs=rngs)

@@ -3,7 +3,6 @@
 import math
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 
@@ -12,22 +11,13 @@ def depth_scaled_std(fan_in: int, n_layers: int) -> float:
   return math.sqrt(2.0 / (fan_in * n_layers))
 
 
-def normal(std: float):
-  """An NNX-style initialiser `(key, shape, dtype) -> array` drawing N(0, std^2)."""
-
-  def init(key: jax.Array, shape, dtype=jnp.float32) -> jax.Array:
-    return std * jax.random.normal(key, shape, dtype)
-
-  return init
-
-
 def head_projections(d_model: int, n_heads: int, head_dim: int, *, n_layers: int,
                      n_inputs: int, rngs: nnx.Rngs) -> tuple[nnx.Param, ...]:
   """An attention layer's `n_inputs` projections into heads, `[d_model, H, Dh]` each (Q, K,
   V, ...), then its output projection `[H, Dh, d_model]`, drawn in that order with the
   depth-scaled init of their fan-in, each declaring its logical axes."""
-  in_init = normal(depth_scaled_std(d_model, n_layers))
-  out_init = normal(depth_scaled_std(n_heads * head_dim, n_layers))
+  in_init = jax.nn.initializers.normal(depth_scaled_std(d_model, n_layers))
+  out_init = jax.nn.initializers.normal(depth_scaled_std(n_heads * head_dim, n_layers))
   inputs = [nnx.Param(in_init(rngs.params(), (d_model, n_heads, head_dim)),
                       logical_axes=("embed", "heads", "head_dim")) for _ in range(n_inputs)]
   out = nnx.Param(out_init(rngs.params(), (n_heads, head_dim, d_model)),

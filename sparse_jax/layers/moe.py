@@ -64,10 +64,10 @@ class MoE(FeedForward):
     self.d_model, self.n_experts, self.expert_size = d_model, n_experts, expert_size
     self.impl = impl
     std_up, std_down = expert_stds(init, d_model, n_experts, expert_size, n_layers)
-    self.w_up = nnx.Param(initializers.normal(std_up)(rngs.params(),
+    self.w_up = nnx.Param(jax.nn.initializers.normal(std_up)(rngs.params(),
                                                       (n_experts, d_model, expert_size)),
                           logical_axes=("experts", "embed", "mlp"))
-    self.w_down = nnx.Param(initializers.normal(std_down)(rngs.params(),
+    self.w_down = nnx.Param(jax.nn.initializers.normal(std_down)(rngs.params(),
                                                           (n_experts, expert_size, d_model)),
                             logical_axes=("experts", "mlp", "embed"))
     self.router = router

@@ -5,7 +5,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sparse_jax import validation
-from sparse_jax.layers import initializers
 
 # "trax": D ~ N(0, 0.5^2) (Trax's gating vectors), E Glorot-uniform over `[d_in, M]`
 # (limit sqrt(6 / (d_in + M))), as Trax 1.4 `FactoredDense`.
@@ -18,9 +17,9 @@ def init_factors(d_in: int, n_modules: int, module_size: int, init: str,
   """`D [d_in, S]` and `E [d_in, M]` drawn with the `init` scheme (see `INITS`)."""
   validation.require_choice(init, "init", INITS)
   if init == "trax":
-    d_init, e_init = initializers.normal(0.5), jax.nn.initializers.glorot_uniform()
+    d_init, e_init = jax.nn.initializers.normal(0.5), jax.nn.initializers.glorot_uniform()
   else:
-    d_init, e_init = initializers.normal(1.0), initializers.normal(d_in ** -0.5)
+    d_init, e_init = jax.nn.initializers.normal(1.0), jax.nn.initializers.normal(d_in ** -0.5)
   return (d_init(rngs.params(), (d_in, n_modules)),
           e_init(rngs.params(), (d_in, module_size)))
 

@@ -105,7 +105,7 @@ class PKM(FeedForward):
     key_shape = (n_heads, 2, n_subkeys, half)
     if init in ("authors", "dense"):
       key_std = initializers.depth_scaled_std(d_model, n_layers)
-      keys = initializers.normal(key_std)(rngs.params(), key_shape)
+      keys = jax.nn.initializers.normal(key_std)(rngs.params(), key_shape)
       value_std = key_std if init == "authors" else initializers.depth_scaled_std(
           n_values, n_layers)
     else:
@@ -113,8 +113,9 @@ class PKM(FeedForward):
       keys = jax.random.uniform(rngs.params(), key_shape, minval=-bound, maxval=bound)
       value_std = d_model ** -0.5
     self.sub_keys = nnx.Param(keys, logical_axes=("heads", "key_half", "memory", "embed"))
-    self.values = nnx.Param(initializers.normal(value_std)(rngs.params(), (n_values, d_model)),
-                            logical_axes=("memory", "embed"))
+    self.values = nnx.Param(
+        jax.nn.initializers.normal(value_std)(rngs.params(), (n_values, d_model)),
+        logical_axes=("memory", "embed"))
 
   def __call__(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
     dtype = x.dtype

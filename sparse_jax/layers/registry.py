@@ -9,7 +9,6 @@ parsed, before anything is built) and one builder registered with it:
     def _build_dense(ff: DenseFFConfig, *, d_model, n_layers, rngs): ...
 """
 
-import dataclasses
 from typing import Callable, Literal
 
 from flax import nnx
@@ -25,10 +24,8 @@ from sparse_jax.layers.topk_ff import TopKFF
 
 FFBuilder = Callable[..., nnx.Module]
 _FF_BUILDERS: dict[str, FFBuilder] = {}
-_schema = dataclasses.dataclass(frozen=True, kw_only=True)
 
 
-@_schema
 class FFConfig(schema.Schema, tag="kind"):
   """The `model.ff` section: `kind` picks the schema of the other fields."""
 
@@ -69,7 +66,6 @@ def _require_at_most(value: int, limit: int, field: str, limit_name: str) -> Non
   validation.require(value <= limit, field, f"an integer in [1, {limit_name}={limit}]", value)
 
 
-@_schema
 class DenseFFConfig(FFConfig):
   d_ff: schema.PositiveInt
   dropout: schema.Probability = 0.0
@@ -82,7 +78,6 @@ def _build_dense(ff: DenseFFConfig, *, d_model, n_layers, rngs):
                  activation=ff.activation, rngs=rngs)
 
 
-@_schema
 class TopKFFConfig(FFConfig):
   d_ff: schema.PositiveInt
   k: schema.PositiveInt
@@ -99,7 +94,6 @@ def _build_topk(ff: TopKFFConfig, *, d_model, n_layers, rngs):
                 after_dropout=ff.after_dropout, rngs=rngs)
 
 
-@_schema
 class PKMConfig(FFConfig):
   n_subkeys: schema.PositiveInt
   knn: schema.PositiveInt
@@ -122,7 +116,6 @@ def _build_pkm(ff: PKMConfig, *, d_model, n_layers, rngs):
                  dense_when_knn_covers=ff.dense_when_knn_covers, rngs=rngs)
 
 
-@_schema
 class MoEConfig(FFConfig):
   """The fields every MoE kind shares: the experts (Eq. 11) and the regulariser's weight."""
 
@@ -140,7 +133,6 @@ class MoEConfig(FFConfig):
                    expert_hidden_dropout=self.expert_hidden_dropout, rngs=rngs)
 
 
-@_schema
 class TopKMoEConfig(MoEConfig):
   """An MoE that routes each token to its `k` best experts."""
 
@@ -150,7 +142,6 @@ class TopKMoEConfig(MoEConfig):
     _require_at_most(self.k, self.n_experts, f"{path}.k", f"{path}.n_experts")
 
 
-@_schema
 class SigmaMoEConfig(TopKMoEConfig):
   expert_dropout: schema.Probability = 0.0
 
@@ -162,7 +153,6 @@ def _build_sigma_moe(ff: SigmaMoEConfig, *, d_model, n_layers, rngs):
                       impl=ff.impl, expert_hidden_dropout=ff.expert_hidden_dropout, rngs=rngs)
 
 
-@_schema
 class SwitchConfig(MoEConfig):
   """Defaults are the authors' runs; `capacity_factor` (e.g. 1.25), `balance="eq17"` and
   `init="fedus"` are the paper text's Switch."""
@@ -181,7 +171,6 @@ def _build_switch(ff: SwitchConfig, *, d_model, n_layers, rngs):
   return ff.experts(router, d_model=d_model, n_layers=n_layers, rngs=rngs)
 
 
-@_schema
 class NoisyTopKConfig(TopKMoEConfig):
   """Noisy softmax gating (Shazeer et al.); `balance` "cv" is the paper's Eq. 14."""
 
@@ -195,7 +184,6 @@ def _build_noisy_topk(ff: NoisyTopKConfig, *, d_model, n_layers, rngs):
   return ff.experts(router, d_model=d_model, n_layers=n_layers, rngs=rngs)
 
 
-@_schema
 class SBaseConfig(TopKMoEConfig):
   """Defaults are the authors' runs; `balance_over="batch"` with `sinkhorn="standard"` is
   the paper text's Sinkhorn over the batch."""
@@ -215,7 +203,6 @@ def _build_sbase(ff: SBaseConfig, *, d_model, n_layers, rngs):
   return ff.experts(router, d_model=d_model, n_layers=n_layers, rngs=rngs)
 
 
-@_schema
 class SoftmaxMoEConfig(TopKMoEConfig):
   renorm: bool
   expert_dropout: schema.Probability = 0.0
@@ -230,7 +217,6 @@ def _build_softmax_moe(ff: SoftmaxMoEConfig, *, d_model, n_layers, rngs):
   return ff.experts(router, d_model=d_model, n_layers=n_layers, rngs=rngs)
 
 
-@_schema
 class SparseFFConfig(FFConfig):
   """Scaling Transformers' SparseFF. Defaults are Trax 1.4's `SparseFF`; the paper text's
   layer is `up_bias=True, mask_placement="post_relu"` (`soft_mask="noisy"` and

@@ -81,8 +81,8 @@ class SparseFF(FeedForward):
     self.d_model, self.d_ff, self.block_size, self.d_lowrank = d_model, d_ff, block_size, d_lowrank
     self.temperature, self.quant_prob, self.soft_mask = temperature, quant_prob, soft_mask
     self.mask_placement = mask_placement
-    up = initializers.normal(initializers.depth_scaled_std(d_model, n_layers))
-    down = initializers.normal(initializers.depth_scaled_std(d_ff, n_layers))
+    up = jax.nn.initializers.normal(initializers.depth_scaled_std(d_model, n_layers))
+    down = jax.nn.initializers.normal(initializers.depth_scaled_std(d_ff, n_layers))
     # W1 is stored transposed, one row per hidden unit, so that decoding gathers whole
     # contiguous rows of both matrices.
     self.w_keys = nnx.Param(up(rngs.params(), (d_ff, d_model)),  # W1^T
@@ -105,7 +105,7 @@ class SparseFF(FeedForward):
     if init == "glorot":
       glorot = jax.nn.initializers.glorot_uniform()
       return tuple(glorot(rngs.params(), shape) for shape in shapes)
-    return tuple(initializers.normal(shape[0] ** -0.5)(rngs.params(), shape)
+    return tuple(jax.nn.initializers.normal(shape[0] ** -0.5)(rngs.params(), shape)
                  for shape in shapes)
 
   def controller_logits(self, x: jax.Array) -> jax.Array:

@@ -46,7 +46,7 @@ class CausalModuleConv(nnx.Module):
                rngs: nnx.Rngs):
     self.f_len, self.f_mod = kernel
     std = initializers.depth_scaled_std(self.f_len * self.f_mod * module_size, n_layers)
-    self.kernel = nnx.Param(initializers.normal(std)(
+    self.kernel = nnx.Param(jax.nn.initializers.normal(std)(
         rngs.params(), (self.f_len, self.f_mod, module_size, module_size)),
         logical_axes=("conv", "conv", "head_dim", "head_dim"))
     self.bias = nnx.Param(jnp.zeros((module_size,)), logical_axes=("head_dim",))

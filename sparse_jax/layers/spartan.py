@@ -15,7 +15,6 @@ import numpy as np
 from flax import nnx
 
 from sparse_jax import validation
-from sparse_jax.layers import initializers
 from sparse_jax.layers.feed_forward import FeedForward
 from sparse_jax.layers.param_types import PlugInParam
 
@@ -195,7 +194,7 @@ class SpartanMemory(FeedForward):
     validation.require_choice(read, "read", ("auto", *READS))
     self.top_k, self.temperature = top_k, float(temperature)
     self.read = choose_read(n_parents, top_k) if read == "auto" else read
-    init = initializers.normal(init_std)
+    init = jax.nn.initializers.normal(init_std)
     children_axes = ("memory", "memory", "embed")  # parent, child within it, width
     self.parents = PlugInParam(init(rngs.params(), (n_parents, d_model)),
                              logical_axes=("memory", "embed"))

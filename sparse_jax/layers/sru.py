@@ -79,8 +79,8 @@ class LowRankSRU(nnx.Module):
   def __init__(self, d_model: int, d_lowrank: int = 32, *, n_layers: int, rngs: nnx.Rngs):
     self.d_model, self.d_lowrank = d_model, d_lowrank
     r = d_lowrank
-    down = initializers.normal(initializers.depth_scaled_std(d_model, n_layers))
-    lowrank = initializers.normal(initializers.depth_scaled_std(r, n_layers))
+    down = jax.nn.initializers.normal(initializers.depth_scaled_std(d_model, n_layers))
+    lowrank = jax.nn.initializers.normal(initializers.depth_scaled_std(r, n_layers))
     self.w_down = nnx.Param(down(rngs.params(), (d_model, r)), logical_axes=("embed", "lowrank"))
     self.b_down = nnx.Param(jnp.zeros((r,)), logical_axes=("lowrank",))
     self.w_gates = nnx.Param(lowrank(rngs.params(), (r, 3 * r)),

@@ -22,7 +22,8 @@ from sparse_jax.layers.xl_attention import RelativeMultiHeadAttention
 from sparse_jax.models.blocks import build_attention
 from sparse_jax.models.classifier import SequenceClassifier
 from sparse_jax.models.encoder import Encoder
-from sparse_jax.models.lm import ModelConfig, TransformerLM, validate_model_config
+from sparse_jax.models.lm import TransformerLM
+from sparse_jax.models.lm_config import ModelConfig, validate_model_config
 from sparse_jax.models.terraformer import Terraformer
 from sparse_jax.models.terraformer_blocks import AttentionHalf
 

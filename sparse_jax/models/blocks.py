@@ -12,8 +12,6 @@ bottleneck adapters on the sublayers (`sparse_jax.layers.adapters`). The attenti
   output layer (Sec. 3.2).
 """
 
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -25,21 +23,10 @@ from sparse_jax.layers.registry import build_ff
 from sparse_jax.layers.sparse_qkv_attention import SparseQKVAttention
 from sparse_jax.layers.xl_attention import RelativeMultiHeadAttention
 from sparse_jax.models import plugins
-
-if TYPE_CHECKING:  # lm.py imports this module; blocks take its parsed `LMConfig`.
-  from sparse_jax.models.lm import LMConfig
-
-ATTENTION_KINDS = ("xl", "causal", "sparse_qkv")
-ATTN_SCALES = ("fixed", "learned")
-POSITIONS = ("rotary", "sinusoidal")
+from sparse_jax.models.lm_config import LMConfig, head_dim_of
 
 
-def head_dim_of(cfg: "LMConfig") -> int:
-  """`model.head_dim`, or `d_model // n_heads` when it is None."""
-  return cfg.head_dim or cfg.d_model // cfg.n_heads
-
-
-def build_attention(cfg: "LMConfig", rngs: nnx.Rngs) -> nnx.Module:
+def build_attention(cfg: LMConfig, rngs: nnx.Rngs) -> nnx.Module:
   """The attention layer of `model.attention`."""
   dropout, rotary = cfg.attn_dropout, cfg.positions == "rotary"
   if cfg.attention == "xl":
@@ -59,7 +46,7 @@ class DecoderBlock(nnx.Module):
   """One pre-LN block: the attention of `model.attention`, the FF slot, the memory slot, and
   the adapters of `model.adapters` on the two sublayers (`layers.adapters`, LayerNorm-free)."""
 
-  def __init__(self, cfg: "LMConfig", *, rngs: nnx.Rngs):
+  def __init__(self, cfg: LMConfig, *, rngs: nnx.Rngs):
     d = cfg.d_model
     self.is_xl = cfg.attention == "xl"
     self.attn_norm = layer_norm(d, epsilon=cfg.layer_norm_eps, rngs=rngs)

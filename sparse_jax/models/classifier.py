@@ -21,7 +21,8 @@ from sparse_jax import validation
 from sparse_jax.layers.bidirectional_attention import normal_linear
 from sparse_jax.layers.param_types import HeadParam, retype_params
 from sparse_jax.models.encoder import Encoder, EncoderConfig
-from sparse_jax.models.lm import ModelConfig, TransformerLM
+from sparse_jax.models.lm import TransformerLM
+from sparse_jax.models.lm_config import ModelConfig
 
 
 def build_backbone(model_cfg: ml_collections.ConfigDict | ModelConfig, rngs: nnx.Rngs):

@@ -15,7 +15,6 @@ holds `max_positions - pad_id - 1` tokens. The FF slot is any kind of the FF reg
 layers' regularisers and `aux["layer{i}/..."]` holds their diagnostics.
 """
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -29,12 +28,11 @@ from sparse_jax.layers.normalization import layer_norm
 from sparse_jax.layers.precision import COMPUTE_DTYPES
 from sparse_jax.layers.registry import build_ff
 from sparse_jax.models import plugins
-from sparse_jax.models.lm import ModelConfig
+from sparse_jax.models.lm_config import ModelConfig
 from sparse_jax.models.remat import rematerialized
 
 
 @ModelConfig.variant("encoder")
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class EncoderConfig(ModelConfig):
   """The `model` section of an encoder (`model.kind = "encoder"`): RoBERTa's fields on top of
   those every model has (`hf_roberta.encoder_config` reads them from a `config.json`)."""

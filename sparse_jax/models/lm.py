@@ -6,107 +6,24 @@ from previous segments (Dai et al. 2019), so context carries across segments; th
 (`causal`, `sparse_qkv`) see one segment and their memory is empty.
 Decoding: `cache = lm.init_cache(batch, max_len)`, `logits, cache = lm.decode_step(tokens_b1,
 cache)`: a KV cache for `causal`/`sparse_qkv`, the XL memory for `xl`; sparse FF layers use
-their sparse decode path.
+their sparse decode path. The `model` section's schema is `models.lm_config.LMConfig`.
 """
 
-import dataclasses
 import math
-from typing import Literal
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from sparse_jax import schema, validation
-from sparse_jax.layers import initializers
 from sparse_jax.layers.multiplicative_dense import MultiplicativeDense
 from sparse_jax.layers.normalization import layer_norm
 from sparse_jax.layers.precision import COMPUTE_DTYPES, f32_einsum
-from sparse_jax.layers.registry import FFConfig
 from sparse_jax.layers.xl_attention import sinusoid_embedding
-from sparse_jax.models import plugins
-from sparse_jax.models.blocks import ATTENTION_KINDS, ATTN_SCALES, POSITIONS, DecoderBlock
-from sparse_jax.models.remat import REMAT_KINDS, rematerialized
+from sparse_jax.models.blocks import DecoderBlock
+from sparse_jax.models.lm_config import EMBED_INITS, LMConfig, validate_model_config
+from sparse_jax.models.remat import rematerialized
 from sparse_jax.models.xl_memory import XLMemory
-
-# Token embedding init: N(0, 1), or Xavier-uniform over `[vocab, d_model]` as the sigma-MoE
-# authors' code (about 65x smaller entries at vocabulary 8000, d_model 412).
-EMBED_INITS = {"normal": jax.nn.initializers.normal(1.0),
-               "xavier": jax.nn.initializers.xavier_uniform()}
-
-
-_schema = dataclasses.dataclass(frozen=True, kw_only=True)
-
-
-@_schema
-class ModelConfig(schema.Schema, tag="kind", default="lm"):
-  """The `model` section: `kind` "lm" (`LMConfig`, below) or "encoder"
-  (`sparse_jax.models.encoder.EncoderConfig`), and the fields every model kind has."""
-
-  kind: str
-  vocab_size: schema.PositiveInt
-  d_model: schema.PositiveInt
-  n_layers: schema.PositiveInt
-  n_heads: schema.PositiveInt
-  dropout: schema.Probability
-  attn_dropout: schema.Probability = 0.0
-  dtype: Literal[tuple(COMPUTE_DTYPES)] = "float32"  # The compute dtype (README).
-  remat: Literal[REMAT_KINDS] = "none"  # Rematerialisation per block (`models.remat`).
-  ff: FFConfig
-  memory: plugins.MemoryConfig
-  adapters: plugins.AdapterConfig
-
-  def check(self, path: str) -> None:
-    self.ff.check_width(self.d_model)
-
-
-@ModelConfig.variant("lm")
-@_schema
-class LMConfig(ModelConfig):
-  """The `model` section of a decoder LM (`TransformerLM`)."""
-
-  mem_len: schema.NonNegativeInt  # XL memory positions in training (XL attention only).
-  head_dim: schema.PositiveInt | None = None  # None: d_model // n_heads.
-  attention: Literal[ATTENTION_KINDS] = "xl"
-  positions: Literal[POSITIONS] = "rotary"  # causal and sparse_qkv attention only.
-  # S, the modules of the sparse QKV layer (sparse_qkv attention only); None: n_heads.
-  attention_sparsity: schema.PositiveInt | None = None
-  tie_embeddings: bool = False
-  loss_sparsity: schema.NonNegativeInt = 0  # S of the multiplicative output; 0: dense.
-  # The sigma-MoE authors' Transformer-XL sets these four (`configs/paper_training.py`).
-  embed_init: Literal[tuple(EMBED_INITS)] = "normal"
-  output_dropout: bool = False  # Dropout (model.dropout) before the output layer.
-  layer_norm_eps: schema.PositiveFloat = 1e-6
-  attn_scale: Literal[ATTN_SCALES] = "fixed"  # "learned": XL attention only.
-
-  def check(self, path: str) -> None:
-    super().check(path)
-    if self.attention == "sparse_qkv" or self.head_dim is None:
-      validation.require(self.d_model % self.n_heads == 0, f"{path}.d_model",
-                         f"divisible by {path}.n_heads={self.n_heads} (or set {path}.head_dim, "
-                         "except for sparse_qkv attention)", self.d_model)
-    validation.require(self.attention_sparsity is None or self.attention == "sparse_qkv",
-                       f"{path}.attention_sparsity", "None unless attention is 'sparse_qkv'",
-                       self.attention_sparsity)
-    validation.require(not self.attention_sparsity or self.d_model % self.attention_sparsity == 0,
-                       f"{path}.attention_sparsity",
-                       f"None or a divisor of {path}.d_model={self.d_model}",
-                       self.attention_sparsity)
-    validation.require(self.loss_sparsity == 0 or self.vocab_size % self.loss_sparsity == 0,
-                       f"{path}.loss_sparsity",
-                       f"0 (dense) or a divisor of {path}.vocab_size={self.vocab_size}",
-                       self.loss_sparsity)
-    validation.require(not (self.loss_sparsity and self.tie_embeddings),
-                       f"{path}.tie_embeddings", f"False with {path}.loss_sparsity", True)
-    validation.require(self.attn_scale == "fixed" or self.attention == "xl",
-                       f"{path}.attn_scale", "'fixed' unless attention is 'xl'",
-                       self.attn_scale)
-
-
-def validate_model_config(cfg: ml_collections.ConfigDict | dict | LMConfig) -> LMConfig:
-  """The typed `model` section of a decoder LM, every field checked (FF and plug-ins too)."""
-  return LMConfig.parse(cfg, "model")
 
 
 def _call_block(block: DecoderBlock, h_btd, mem_bmd, mem_valid):
@@ -150,7 +67,7 @@ class TransformerLM(nnx.Module):
                                             out_axes=("vocab", "vocab"), rngs=rngs)
     elif self.output_kind == "dense":
       out_std = 1.0 / math.sqrt(cfg.d_model)
-      self.w_out = nnx.Param(initializers.normal(out_std)(rngs.params(),
+      self.w_out = nnx.Param(jax.nn.initializers.normal(out_std)(rngs.params(),
                                                           (cfg.d_model, cfg.vocab_size)),
                              logical_axes=("embed", "vocab"))
     self.b_out = nnx.Param(jnp.zeros((cfg.vocab_size,)), logical_axes=("vocab",))

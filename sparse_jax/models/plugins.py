@@ -11,7 +11,6 @@
 A missing section means "none", so every existing config keeps its model unchanged.
 """
 
-import dataclasses
 from typing import Literal
 
 from flax import nnx
@@ -22,10 +21,8 @@ from sparse_jax.layers.adapters import (ADAPTER_INITS, ADAPTERHUB_DEFAULTS, ADAP
                                         BottleneckAdapter)
 from sparse_jax.layers.dense_ff import ACTIVATIONS
 
-_schema = dataclasses.dataclass(frozen=True, kw_only=True)
 
 
-@_schema
 class MemoryConfig(schema.Schema, tag="kind", default="none"):
   """The `model.memory` section: `kind` picks the schema of the other fields."""
 
@@ -33,13 +30,11 @@ class MemoryConfig(schema.Schema, tag="kind", default="none"):
 
 
 @MemoryConfig.variant("none")
-@_schema
 class NoMemoryConfig(MemoryConfig):
   """No memory slot."""
 
 
 @MemoryConfig.variant("spartan")
-@_schema
 class SpartanMemoryConfig(MemoryConfig):
   """A SPARTAN memory (`layers.spartan.SpartanMemory`) after every layer."""
 
@@ -54,7 +49,6 @@ class SpartanMemoryConfig(MemoryConfig):
                        f"at most {path}.n_parents={self.n_parents}", self.top_k)
 
 
-@_schema
 class AdapterConfig(schema.Schema, tag="kind", default="none"):
   """The `model.adapters` section: `kind` picks the schema of the other fields."""
 
@@ -62,13 +56,11 @@ class AdapterConfig(schema.Schema, tag="kind", default="none"):
 
 
 @AdapterConfig.variant("none")
-@_schema
 class NoAdapterConfig(AdapterConfig):
   """No adapters."""
 
 
 @AdapterConfig.variant(*ADAPTERS_PER_LAYER)
-@_schema
 class BottleneckAdapterConfig(AdapterConfig):
   """Bottleneck adapters (`layers.adapters.BottleneckAdapter`), Houlsby's or Pfeiffer's;
   `activation` and `original_ln_before` None take the kind's AdapterHub setting."""

@@ -20,98 +20,26 @@ block from its outputs (Sec. 4.2, `layers.reversible`); `False` stores activatio
 
 Training: `logits, aux = model(inputs_bs, targets_bt)`. Decoding (`greedy_decode`) runs one
 concatenated position at a time through the decoder's caches: the encoder's outputs first,
-then the generated tokens.
+then the generated tokens. The `model` section's schema is
+`models.terraformer_config.TerraformerConfig`.
 """
 
-import dataclasses
 import math
-from typing import Literal
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sparse_jax import schema, validation
-from sparse_jax.layers import initializers
 from sparse_jax.layers.bidirectional_attention import Linear
 from sparse_jax.layers.multiplicative_dense import MultiplicativeDense
 from sparse_jax.layers.normalization import layer_norm
 from sparse_jax.layers.precision import COMPUTE_DTYPES, f32_einsum
-from sparse_jax.layers.registry import FFConfig
 from sparse_jax.layers.reversible import pure_half_residual, reversible_stack, sequential_stack
 from sparse_jax.layers.xl_attention import sinusoid_embedding
-from sparse_jax.models.remat import REMAT_KINDS
 from sparse_jax.models.terraformer_blocks import AttentionHalf, FeedForwardHalf
+from sparse_jax.models.terraformer_config import TerraformerConfig
 
-PAD = 0
-ATTENTIONS = ("lsh", "dense")
-QKV_KINDS = ("dense", "sparse")
-REVERSIBLE_FF_KINDS = ("dense", "sparse_ff")  # No routing choices the replay cannot cover.
-
-_schema = dataclasses.dataclass(frozen=True, kw_only=True)
-
-
-@_schema
-class LSHConfig(schema.Schema):
-  """`model.lsh`: LSH attention's hashing (Sec. 4.1; the paper's summarisation setting)."""
-
-  n_hashes: schema.PositiveInt = 2
-  n_buckets: schema.PositiveInt = 128
-  chunk_len: schema.PositiveInt = 128
-
-  def check(self, path: str) -> None:
-    validation.require(self.n_buckets % 2 == 0, f"{path}.n_buckets", "an even integer",
-                       self.n_buckets)
-
-
-@_schema
-class TerraformerConfig(schema.Schema):
-  """The `model` section of a Terraformer (module docstring)."""
-
-  kind: Literal["terraformer"] = "terraformer"
-  vocab_size: schema.PositiveInt
-  d_model: schema.PositiveInt
-  n_heads: schema.PositiveInt
-  n_encoder_layers: schema.PositiveInt
-  n_decoder_layers: schema.PositiveInt
-  n_decoder_attention_layers: schema.PositiveInt = 2  # Attention half-residuals per block.
-  dropout: schema.Probability = 0.1
-  attn_dropout: schema.Probability = 0.0
-  ff: FFConfig
-  sru_units: schema.NonNegativeInt = 32  # 0: no SRU branch.
-  encoder_attention: Literal[ATTENTIONS] = "lsh"
-  decoder_attention: Literal[ATTENTIONS] = "lsh"
-  decoder_qkv: Literal[QKV_KINDS] = "dense"
-  attention_sparsity: schema.PositiveInt | None = None  # S of sparse QKV; None: n_heads.
-  lsh: LSHConfig
-  loss_sparsity: schema.NonNegativeInt = 0  # S of the multiplicative output; 0: dense.
-  reversible: bool = True
-  layer_norm_eps: schema.PositiveFloat = 1e-6
-  # The sublayers' compute dtype; the reversible streams stay float32 (README).
-  dtype: Literal[tuple(COMPUTE_DTYPES)] = "float32"
-  remat: Literal[REMAT_KINDS] = "none"  # See check().
-
-  def check(self, path: str) -> None:
-    self.ff.check_width(self.d_model)
-    validation.require(self.remat == "none", f"{path}.remat",
-                       "'none': Terraformer's memory saving is its reversible stack, whose "
-                       f"backward pass recomputes activations already ({path}.reversible=True)",
-                       self.remat)
-    validation.require(self.ff.kind in REVERSIBLE_FF_KINDS, f"{path}.ff.kind",
-                       f"one of {REVERSIBLE_FF_KINDS} (choices a reversible block can replay)",
-                       self.ff.kind)
-    validation.require(self.d_model % self.n_heads == 0, f"{path}.d_model",
-                       f"divisible by {path}.n_heads={self.n_heads}", self.d_model)
-    validation.require(self.attention_sparsity is None or self.decoder_qkv == "sparse",
-                       f"{path}.attention_sparsity", "None unless decoder_qkv is 'sparse'",
-                       self.attention_sparsity)
-    validation.require(not self.attention_sparsity or self.d_model % self.attention_sparsity == 0,
-                       f"{path}.attention_sparsity", f"a divisor of {path}.d_model={self.d_model}",
-                       self.attention_sparsity)
-    validation.require(self.loss_sparsity == 0 or self.vocab_size % self.loss_sparsity == 0,
-                       f"{path}.loss_sparsity",
-                       f"0 (dense) or a divisor of {path}.vocab_size={self.vocab_size}",
-                       self.loss_sparsity)
+PAD = 0  # The padding token.
 
 
 def shift_right(targets_bt: jax.Array) -> jax.Array:
@@ -164,7 +92,7 @@ class Terraformer(nnx.Module):
                      FeedForwardHalf(cfg, n_layers=depth, rngs=rngs))])
     self.encoder_out = Linear(
         cfg.d_model, cfg.d_model,
-        kernel_init=initializers.normal(1.0 / math.sqrt(cfg.d_model)),
+        kernel_init=jax.nn.initializers.normal(1.0 / math.sqrt(cfg.d_model)),
         kernel_metadata={"logical_axes": ("embed", "embed")},
         bias_metadata={"logical_axes": ("embed",)}, rngs=rngs)
     self.encoder_norm = layer_norm(cfg.d_model, epsilon=cfg.layer_norm_eps, rngs=rngs)
@@ -180,7 +108,7 @@ class Terraformer(nnx.Module):
       self.w_out = None
     else:
       self.sparse_out = None
-      self.w_out = nnx.Param(initializers.normal(1.0 / math.sqrt(cfg.d_model))(
+      self.w_out = nnx.Param(jax.nn.initializers.normal(1.0 / math.sqrt(cfg.d_model))(
           rngs.params(), (cfg.d_model, cfg.vocab_size)), logical_axes=("embed", "vocab"))
     self.b_out = nnx.Param(jnp.zeros((cfg.vocab_size,)), logical_axes=("vocab",))
     self.stack_rngs = rngs["dropout"].fork()

@@ -18,8 +18,6 @@ are none) and `replay` gives them back when the block is recomputed backwards, s
 are exact. Decoding (`decode(x_b1d, cache, position)`) runs one token with the layer's cache.
 """
 
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -33,12 +31,10 @@ from sparse_jax.layers.registry import build_ff
 from sparse_jax.layers.sparse_ff import SparseFF
 from sparse_jax.layers.sparse_qkv_attention import SparseQKVAttention
 from sparse_jax.layers.sru import LowRankSRU
-
-if TYPE_CHECKING:  # terraformer.py imports this module; the sublayers take its config.
-  from sparse_jax.models.terraformer import TerraformerConfig
+from sparse_jax.models.terraformer_config import TerraformerConfig
 
 
-def build_attention(cfg: "TerraformerConfig", *, causal: bool, n_layers: int,
+def build_attention(cfg: TerraformerConfig, *, causal: bool, n_layers: int,
                     rngs: nnx.Rngs) -> nnx.Module:
   """The decoder's (`causal`) or the encoder's self-attention of `cfg`."""
   kind = cfg.decoder_attention if causal else cfg.encoder_attention
@@ -65,7 +61,7 @@ def build_attention(cfg: "TerraformerConfig", *, causal: bool, n_layers: int,
 class AttentionHalf(nnx.Module):
   """`Dropout(Attn(LN x))`; the encoder's attention masks padded keys (`valid_bt`)."""
 
-  def __init__(self, cfg: "TerraformerConfig", *, causal: bool, n_layers: int, rngs: nnx.Rngs):
+  def __init__(self, cfg: TerraformerConfig, *, causal: bool, n_layers: int, rngs: nnx.Rngs):
     self.causal = causal
     self.is_lsh = (cfg.decoder_attention if causal else cfg.encoder_attention) == "lsh"
     self.dtype = COMPUTE_DTYPES[cfg.dtype]
@@ -96,7 +92,7 @@ class AttentionHalf(nnx.Module):
 class FeedForwardHalf(nnx.Module):
   """`Dropout(FF(LN x))`, plus `Dense_d(SRU_r(Dense_r(LN' x)))` when `cfg.sru_units = r > 0`."""
 
-  def __init__(self, cfg: "TerraformerConfig", *, n_layers: int, rngs: nnx.Rngs):
+  def __init__(self, cfg: TerraformerConfig, *, n_layers: int, rngs: nnx.Rngs):
     self.dtype = COMPUTE_DTYPES[cfg.dtype]
     self.norm = layer_norm(cfg.d_model, epsilon=cfg.layer_norm_eps, rngs=rngs)
     self.ff = build_ff(cfg.ff, d_model=cfg.d_model, n_layers=n_layers, rngs=rngs)

@@ -19,6 +19,7 @@ stops the run with `CheckpointWriteError`, the earlier steps untouched.
 import dataclasses
 import os
 import shutil
+from collections.abc import Callable
 
 import grain
 import jax
@@ -58,6 +59,10 @@ class CheckpointWriteError(RuntimeError):
   """Writing a checkpoint failed (disk full, permissions, I/O); earlier steps are intact."""
 
 
+class NoCheckpointError(FileNotFoundError):
+  """The workdir holds no checkpoint (or not the requested step)."""
+
+
 class CheckpointRestoreError(RuntimeError):
   """No checkpoint of a run reads back; none was moved or deleted."""
 
@@ -72,15 +77,16 @@ def _summary(error: BaseException, keep: int = 200) -> str:
   return f"{type(error).__name__}: {text}"
 
 
-def _await_leftover_cleanup(manager: ocp.CheckpointManager) -> None:
-  """Waits for the removal of a killed run's temporary directories, which Orbax starts in a
-  thread when the manager is created and awaits only in its first `save` (not in `close`,
-  orbax-checkpoint 0.12): a run stopping before it saves (a refused config, a broken
-  checkpoint) would otherwise leave the thread to fail at interpreter exit, printing a
-  traceback after the run's own message."""
-  cleanup = getattr(manager, "_cleanup_tmp_directory_future", None)
-  if cleanup is not None:
-    cleanup.result()
+def _remove_leftovers(directory: str) -> None:
+  """Removes the temporary directories of saves that never completed (a killed run), as
+  Orbax's `cleanup_tmp_directories` does (the same listing, `ocp.path.step`, on the primary
+  process), but before the manager exists and synchronously: Orbax runs its cleanup in a
+  thread that only its first `save` awaits (orbax-checkpoint 0.12), so a run stopping before
+  it saves (a refused config, missing data) would leave that thread to fail at interpreter
+  exit, a traceback printed after the run's own message."""
+  if jax.process_index() == 0:
+    for leftover in ocp.path.step.all_temporary_paths(directory):
+      leftover.get().rmtree()
 
 
 class Checkpointer:
@@ -92,11 +98,12 @@ class Checkpointer:
     writes `workdir`: nothing is created, and the temporary directory of a save in flight is
     left alone (a writer removes a killed run's leftovers when it starts)."""
     # (Not Orbax's own `read_only`, which logs a warning on every use.)
+    if not read_only:
+      _remove_leftovers(checkpoint_dir(workdir))
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=not read_only,
-                                           cleanup_tmp_directories=not read_only)
+                                           cleanup_tmp_directories=False)  # Done above.
     self._workdir = workdir
     self._manager = ocp.CheckpointManager(checkpoint_dir(workdir), options=options)
-    _await_leftover_cleanup(self._manager)
     self._params = params
     self._writing: int | None = None  # The step of the save in flight, if any.
 
@@ -105,6 +112,19 @@ class Checkpointer:
 
   def all_steps(self) -> list[int]:
     return list(self._manager.all_steps())
+
+  def resolve_step(self, step: int | None, *, how_to_make_one: str) -> int:
+    """`step` if it was saved, the latest step for None; else `NoCheckpointError` naming the
+    directory, the steps there and `how_to_make_one` (e.g. "train first with ...")."""
+    steps = self.all_steps()
+    where = checkpoint_dir(self._workdir)
+    if not steps:
+      raise NoCheckpointError(f"no checkpoint in {where}: {how_to_make_one}.")
+    step = max(steps) if step is None else step
+    if step not in steps:
+      raise NoCheckpointError(f"no checkpoint of step {step} in {where}; available steps: "
+                              f"{sorted(steps)}.")
+    return step
 
   def save(self, step: int, *, model: nnx.Module, optimizer: nnx.Optimizer,
            data_iterator: grain.DatasetIterator, config: ml_collections.ConfigDict,
@@ -159,15 +179,20 @@ class Checkpointer:
     nnx.update(optimizer, restored.opt_state)
     return {name: restored[name] for name in extras}
 
-  def check_resume(self, config: ml_collections.ConfigDict) -> None:
-    """Raises `ConfigError` unless `config` may resume from the newest step whose saved config
-    reads back (`resume_config.check_resumable`, naming every refused field); logs the
-    accepted changes. Cheap: reads JSON only, so a run checks it before building anything."""
+  def check_resume(self, config: ml_collections.ConfigDict,
+                   resolve: Callable[[ml_collections.ConfigDict], dict]) -> None:
+    """Raises `ConfigError` unless `config` (resolved: every default filled in) may resume
+    from the newest step whose saved config reads back (`resume_config.check_resumable`,
+    naming every refused field); logs the accepted changes. The saved config is resolved by
+    `resolve` first, so a checkpoint that stored only what its config file set (before
+    checkpoints stored resolved configs) compares by value too. Cheap: reads JSON only, so a
+    run checks it before building anything."""
     for step in sorted(self.all_steps(), reverse=True):
       try:
         saved = self.restore_config(step)
       except Exception:  # pylint: disable=broad-except  # Unreadable: `restore_latest` decides.
         continue
+      saved = resolve(saved)
       for path, (old, new) in resume_config.check_resumable(
           saved, config, workdir=self._workdir, step=step).items():
         logging.warning("Resuming with config field %s changed: %r -> %r.", path, old, new)

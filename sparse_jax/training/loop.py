@@ -1,7 +1,8 @@
 """The training loop of every task: build, resume, step, log, evaluate, checkpoint.
 
-`train_and_evaluate(config, workdir)` picks the task of the config (`training.tasks`), builds a
-`Run` on the mesh and loops. Logging syncs with the device once per `train.log_every` steps;
+`run_task(task, workdir)` builds a `Run` of a task (`training.task.Task`; the tasks and
+`train_and_evaluate(config, workdir)`, which picks one from a config, are in
+`sparse_jax.tasks`) on the mesh and loops. Logging syncs with the device once per `train.log_every` steps;
 a non-finite loss stops the run (the last good checkpoint is kept); SIGTERM/SIGINT save and
 stop (every process after the same step: `training.preemption`); a failed checkpoint write
 stops it (`CheckpointWriteError`); resuming restores the newest checkpoint that reads back,
@@ -13,7 +14,6 @@ progress. `train.profile_steps` traces a few steps (`training.profiling`).
 import time
 
 import jax
-import ml_collections
 import numpy as np
 from absl import logging
 from flax import nnx
@@ -31,7 +31,6 @@ from sparse_jax.training.profiling import StepProfiler
 from sparse_jax.training.routing_health import RoutingHealth
 from sparse_jax.training.steps import make_train_step
 from sparse_jax.training.task import Task
-from sparse_jax.training.tasks import task_for
 from sparse_jax.training.xla_fallbacks import compile_lowered
 
 
@@ -90,7 +89,8 @@ class Run:
 
   def __init__(self, task: Task, workdir: str, mesh: Mesh):
     train_cfg = task.typed.train
-    self.task, self.config, self.workdir = task, task.config, workdir
+    self.task, self.workdir = task, workdir
+    self.config = task.resolved_config()  # What checkpoints store.
     self.placement = placement = Placement(mesh)
     task.check_mesh(placement)
     task.check_accumulation(placement)
@@ -123,7 +123,7 @@ class Run:
     """Checks the config may resume, builds the task's objects and restores the newest
     checkpoint that reads back (`Checkpointer.restore_latest`)."""
     task, placement = self.task, self.placement
-    self.checkpointer.check_resume(self.config)
+    self.checkpointer.check_resume(self.config, task.resolve)
     self.model, self.optimizer = task.build(placement)
     self.data_iterator = task.load_data(placement)
     self.carry = task.init_carry(self.model, placement)
@@ -195,8 +195,12 @@ class Run:
 
 
 def run_task(task: Task, workdir: str, mesh: Mesh | None = None) -> dict[str, float]:
-  """Trains `task` in `workdir` on `mesh` (default: its config's `mesh` section over this
-  job's devices); see `train_and_evaluate`."""
+  """Trains `task` in `workdir` (resuming if it holds checkpoints) on `mesh` (default: its
+  config's `mesh` section over this job's devices); returns the final validation metrics.
+
+  Logs every `train.log_every` steps, evaluates every `train.eval_every` steps and at the
+  end, checkpoints every `train.ckpt_every` steps, at the end and on SIGTERM/SIGINT.
+  """
   if mesh is None:
     mesh = parallel.mesh_from_config(task.typed.mesh)
   train_cfg = task.typed.train
@@ -231,16 +235,3 @@ def run_task(task: Task, workdir: str, mesh: Mesh | None = None) -> dict[str, fl
   finally:
     run.close()
 
-
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
-                       mesh: Mesh | None = None) -> dict[str, float]:
-  """Trains `config` in `workdir` (resuming if it holds checkpoints); returns the final
-  validation metrics.
-
-  The task is chosen by the config (`training.tasks.task_for`), which validates it before any
-  data is read or model built. Runs on `mesh` (default: the mesh of `config.mesh` over this
-  job's devices). Logs every `train.log_every` steps, evaluates every `train.eval_every`
-  steps and at the end, checkpoints every `train.ckpt_every` steps, at the end and on
-  SIGTERM/SIGINT.
-  """
-  return run_task(task_for(config), workdir, mesh)

@@ -10,7 +10,6 @@ SPARTAN reference runs); or "rsqrt", Trax's `constant * linear_warmup * rsqrt_de
 `lr * sqrt(warmup_steps / max(t, warmup_steps))`, which never reaches zero.
 """
 
-import dataclasses
 from typing import Literal
 
 import jax.numpy as jnp
@@ -24,7 +23,6 @@ SCHEDULES = ("cosine", "linear", "rsqrt")
 OPTIMIZERS = ("adam", "adafactor")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig(schema.Schema):
   """The `train` section: the optimiser and the loop's cadence (every `*_every` in steps).
 
@@ -42,7 +40,7 @@ class TrainConfig(schema.Schema):
   eval_every: schema.PositiveInt
   ckpt_every: schema.PositiveInt
   keep_checkpoints: schema.PositiveInt = 2
-  # Micro-batches per step (along the batch axis), gradients averaged (README "Gradient
+  # Micro-batches per step (along the batch axis), gradients averaged (docs/training.md "Gradient
   # accumulation").
   grad_accum_steps: schema.PositiveInt = 1
   # A jax.profiler trace of steps START + 1 .. STOP into WORKDIR/profile (`training.profiling`):
@@ -60,7 +58,6 @@ class TrainConfig(schema.Schema):
     return profiling.parse_steps(self.profile_steps, "train.profile_steps", self.steps)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class BatchedTrainConfig(TrainConfig):
   """A `train` section that also sets the batch size (tasks whose `data` section does not)."""
 

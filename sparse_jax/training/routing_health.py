@@ -14,7 +14,7 @@ metrics window averages each over the steps since the last log (a vector element
 keeps what the statistics need: the mean of equal-sized steps' (or gradient-accumulation
 micro-batches') shares is the window's share, and an expert's mean share is zero exactly when
 it received no token in the window. `RoutingHealth` turns each layer's window share into
-logged scalars (README "Routing health"):
+logged scalars (docs/training.md "Routing health"):
 
   routing/layer{i}/usage_entropy   entropy of the window's distribution of routed slots over
                                    the experts, divided by log E: 1 uniform, 0 one expert
@@ -110,5 +110,5 @@ class RoutingHealth:
         if self.warn:
           logging.warning(
               "Routing health: %s has %s=%.3f at step %d, above %.3f; its router may be "
-              "collapsing (README \"Routing health\"). Warned once per layer and statistic.",
+              "collapsing (docs/training.md \"Routing health\"). Warned once per layer and statistic.",
               layer, stat, stats[stat], step, limit)

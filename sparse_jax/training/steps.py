@@ -6,8 +6,8 @@ classification), and a `wrt` filter naming the parameters that train. The step t
 gradients with respect to those parameters only, so frozen ones are never touched.
 
 Randomness is a function of (seed, step): each step reseeds every stream but `params`
-(`dropout`, `routing`) from `fold_in(key(seed), step)`, so a resumed run draws exactly what an
-uninterrupted one would, without saving RNG state.
+(`dropout`, `routing`) from `fold_in(key(seed), step)` (`models.rngs.reseed`), so a resumed
+run draws exactly what an uninterrupted one would, without saving RNG state.
 """
 
 import functools
@@ -19,25 +19,9 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-RNG_STREAMS = ("params", "dropout", "routing")
+from sparse_jax.models.rngs import reseed
 
 LossFn = Callable[..., tuple[jax.Array, tuple[dict[str, jax.Array], object]]]
-
-
-def make_rngs(seed: int) -> nnx.Rngs:
-  """One named stream per purpose (params, dropout, routing), all from `seed`."""
-  return nnx.Rngs(**{name: jax.random.fold_in(jax.random.key(seed), i)
-                     for i, name in enumerate(RNG_STREAMS)})
-
-
-def reseed(model: nnx.Module, seed: int, step_index, micro_batch=None) -> None:
-  """Sets the model's `dropout` and `routing` streams to their keys for step `step_index`
-  (and, with gradient accumulation, for its micro-batch `micro_batch`)."""
-  key = jax.random.fold_in(jax.random.key(seed), step_index)
-  if micro_batch is not None:
-    key = jax.random.fold_in(key, micro_batch)
-  nnx.reseed(model, **{name: jax.random.fold_in(key, i)
-                       for i, name in enumerate(RNG_STREAMS[1:])})
 
 
 def split_rows(x: jax.Array, n: int, axis: int = 0) -> jax.Array:

@@ -3,7 +3,7 @@
 The engine owns the loop, checkpoints, preemption, the NaN stop, logging on process 0 and the
 mesh. A task owns everything that differs between language modelling, classification and
 (later) sequence-to-sequence: its data, its model, its loss and metrics, what its checkpoint
-holds and how it evaluates. Tasks live in `sparse_jax.training.tasks`.
+holds and how it evaluates. Tasks live in `sparse_jax.tasks`.
 """
 
 import abc
@@ -25,7 +25,8 @@ class Task(abc.ABC):
 
   Constructing a task parses the whole config through the task's schema (`typed`; raises
   `ConfigError` naming the first bad field) and touches no file: data is read by `load_data`,
-  models are built by `build`. `config` is kept as given, to be saved with checkpoints.
+  models are built by `build`. `config` is kept as given; checkpoints store it resolved
+(`resolved_config`).
   """
 
   #: Name of the progress bar.
@@ -40,6 +41,16 @@ class Task(abc.ABC):
   def __init__(self, config: ml_collections.ConfigDict):
     self.config = config
     self.typed = self.experiment.parse(config, "")
+
+  @classmethod
+  def resolve(cls, config: ml_collections.ConfigDict | dict) -> dict:
+    """`config` with every default filled in, as plain values: what checkpoints store, and
+    what resuming compares (a config file that restates a default equals one that omits it)."""
+    return cls.experiment.parse(config, "").to_dict()
+
+  def resolved_config(self) -> ml_collections.ConfigDict:
+    """This task's config, resolved (`resolve`)."""
+    return ml_collections.ConfigDict(self.typed.to_dict())
 
   @property
   def trainable(self) -> nnx.filterlib.Filter:

@@ -15,8 +15,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from pallas_kernels import cvmm, expert_mlp
 from sparse_jax.aot import kernel_resources, memory, targets
+from sparse_jax.tasks import task_for
 from sparse_jax.training import compile_only
-from sparse_jax.training.tasks import task_for
 import tiny_moe_config
 from aot_testing import needs_gpu, needs_tpu
 from cli_testing import run_script

@@ -15,10 +15,10 @@ import tensorflow_datasets as tfds
 from lm_testing import tiny_lm_config
 
 import glue_testing
-from configs import spartan_rte
+from configs import glue
 from sparse_jax.data import classification
 from sparse_jax.data.sources import BadSourceError
-from sparse_jax.training.loop import train_and_evaluate
+from sparse_jax.tasks import train_and_evaluate
 from sparse_jax.validation import ConfigError
 
 TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(400))
@@ -136,7 +136,7 @@ def test_a_glue_file_with_a_missing_label(row, tmp_path):
   os.makedirs(extracted / folder)
   for name, text in files.items():
     _write(extracted / folder / name, text + row if name == "train.tsv" else text)
-  config = spartan_rte.get_config("spartan")
+  config = glue.get_config("rte,spartan")
   config.task.update(data_dir=str(tmp_path / "tfds"), max_len=24)
   with (mock.patch.object(tfds.download.DownloadManager, "download_and_extract",
                           autospec=True, side_effect=lambda self, url: str(extracted)),

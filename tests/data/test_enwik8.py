@@ -13,8 +13,8 @@ from configs import e8_dense
 from sparse_jax import data
 from sparse_jax.data import enwik8, sources
 from sparse_jax.data.lm_stream import StreamSegments, train_iterator
-from sparse_jax.training.loop import train_and_evaluate
-from sparse_jax.training.evaluate_checkpoint import evaluate_checkpoint
+from sparse_jax.tasks import train_and_evaluate
+from sparse_jax.tasks.runs import evaluate_checkpoint
 
 # The stream fields every `data` section has (not used by these dataset-level calls).
 STREAMS = dict(batch_size=2, seq_len=16)

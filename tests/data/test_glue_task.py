@@ -17,7 +17,7 @@ from tensorflow_datasets.text import glue
 from glue_testing import GLUE_ARCHIVES
 
 from sparse_jax.data import classification
-from sparse_jax.training import classification_metrics
+from sparse_jax.tasks import classification_metrics
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):

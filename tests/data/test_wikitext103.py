@@ -14,9 +14,9 @@ from configs import wt103_s_dense
 from sparse_jax import data
 from sparse_jax.data import sentencepiece_tokenizer, sources, wikitext103
 from sparse_jax.data.lm_stream import StreamSegments
-from sparse_jax.training.loop import train_and_evaluate
-from sparse_jax.training.tasks.lm_evaluation import lm_metrics
-from sparse_jax.training.evaluate_checkpoint import evaluate_checkpoint
+from sparse_jax.tasks import train_and_evaluate
+from sparse_jax.tasks.lm_evaluation import lm_metrics
+from sparse_jax.tasks.runs import evaluate_checkpoint
 from sparse_jax.validation import ConfigError
 
 VOCAB = 330  # 256 byte pieces + specials + a few dozen pieces: trains in milliseconds.

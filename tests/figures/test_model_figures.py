@@ -16,7 +16,7 @@ from lm_testing import tiny_lm_config
 from sparse_jax.figures import channel_activity, expert_routing
 from sparse_jax.layers.dense_ff import DenseFF
 from sparse_jax.layers.routers.sigma import SigmaRouter
-from sparse_jax.training.loop import train_and_evaluate
+from sparse_jax.tasks import train_and_evaluate
 
 MAX_BATCHES = 3
 

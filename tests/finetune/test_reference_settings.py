@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs import finetune_common, spartan_rte, spartan_stdlib
+from configs import finetune_common, glue, spartan_stdlib
 from sparse_jax.finetune import methods
 from sparse_jax.layers.adapters import BottleneckAdapter
 from sparse_jax.models.encoder import Encoder, roberta_base_config
+from sparse_jax.tasks import validate_config
 from sparse_jax.training.optimizer import TrainConfig, learning_rate_schedule
-from sparse_jax.training.tasks import validate_config
 
 
 def hf_linear_schedule(step, lr, steps, warmup):
@@ -33,27 +33,27 @@ def test_linear_schedule_is_the_hugging_face_trainers(warmup):
 
 
 def test_glue_and_stdlib_configs_default_to_the_reference_run():
-  for config in (spartan_rte.get_config(), spartan_stdlib.get_config()):
+  for config in (glue.get_config("rte"), spartan_stdlib.get_config()):
     typed = validate_config(config)
     assert typed.method.spartan.temperature == 1.6
     assert (typed.train.schedule, typed.train.warmup_steps, typed.train.lr) == ("linear", 0,
                                                                                1e-3)
-  houlsby = validate_config(spartan_rte.get_config("houlsby")).method
-  pfeiffer = validate_config(spartan_rte.get_config("pfeiffer")).method
+  houlsby = validate_config(glue.get_config("rte,houlsby")).method
+  pfeiffer = validate_config(glue.get_config("rte,pfeiffer")).method
   assert (houlsby.adapter.activation, houlsby.adapter.original_ln_before) == ("swish", False)
   assert (pfeiffer.adapter.activation, pfeiffer.adapter.original_ln_before) == ("relu", True)
   assert houlsby.adapter.init == pfeiffer.adapter.init == "bert"
-  trains_norms = {kind: validate_config(spartan_rte.get_config(kind)).method.trains_layer_norms
+  trains_norms = {kind: validate_config(glue.get_config(f"rte,{kind}")).method.trains_layer_norms
                   for kind in methods.METHODS}
   assert trains_norms == {"spartan": True, "full": True, "houlsby": False, "pfeiffer": False,
                           "head": False}
 
 
 def test_few_shot_settings_of_the_paper_and_of_the_reference_script():
-  paper = validate_config(spartan_rte.get_config("pfeiffer,fewshot"))
+  paper = validate_config(glue.get_config("rte,pfeiffer,fewshot"))
   assert (paper.task.n_train, paper.task.n_train_from, paper.train.steps) == (200, "random",
                                                                              1000)
-  script = validate_config(spartan_rte.get_config("fewshot_script"))
+  script = validate_config(glue.get_config("rte,fewshot_script"))
   # The first 200 examples for 3 epochs at batch 16: ceil(600 / 16) steps.
   assert (script.task.n_train, script.task.n_train_from, script.train.steps) == (200, "first",
                                                                                38)

@@ -24,7 +24,7 @@ from jax.sharding import PartitionSpec as P
 
 from sparse_jax import parallel
 from sparse_jax.layers import build_ff, expert_parallel
-from sparse_jax.training.steps import make_rngs
+from sparse_jax.models.rngs import make_rngs
 
 D, E, G = 16, 8, 4
 X_SHAPE = (8, 4, D)  # 32 tokens: 4 per device on 8 devices.

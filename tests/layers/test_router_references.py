@@ -1,5 +1,5 @@
 """The baselines as the sigma-MoE authors ran them, against float64 numpy written from the
-description of their code (README "The authors' code or the paper's text"), with gradients.
+description of their code (docs/sigma_moe.md "The authors' code or the paper's text"), with gradients.
 """
 
 import jax

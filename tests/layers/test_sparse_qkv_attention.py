@@ -17,7 +17,7 @@ from sparse_jax.layers.counting import count_params
 from sparse_jax.layers.sparse_qkv_attention import SparseQKVAttention
 from sparse_jax.models import accounting
 from sparse_jax.models.blocks import build_attention
-from sparse_jax.models.lm import validate_model_config
+from sparse_jax.models.lm_config import validate_model_config
 
 D, T, B = 12, 6, 2
 REFERENCE_KERNELS = {"q_kernel": (3, 3), "k_kernel": (3, 3), "v_kernel": (3, 1)}

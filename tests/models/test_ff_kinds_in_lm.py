@@ -10,7 +10,8 @@ from flax import nnx
 from sparse_jax.layers import ff_kinds
 from sparse_jax.models import TransformerLM
 from sparse_jax.models.accounting import matched_dense_config, matched_dense_d_ff, model_report
-from sparse_jax.training.steps import make_rngs, make_train_step
+from sparse_jax.models.rngs import make_rngs
+from sparse_jax.training.steps import make_train_step
 
 FF_CONFIGS = {
     "dense": dict(d_ff=64),

@@ -7,15 +7,13 @@ import os
 import jax
 import jax.numpy as jnp
 import pytest
-from flax import nnx
 
 from sparse_jax import parallel
 from sparse_jax.aot import matmul_dtypes
-from sparse_jax.finetune import backbones
 from sparse_jax.layers import ff_kinds
+from sparse_jax.tasks import backbones, task_for
 from sparse_jax.training.compile_only import trace_train_step
 from sparse_jax.training.placement import Placement
-from sparse_jax.training.tasks import task_for
 
 # Every FF kind at a width where its matmuls are not dwarfed by the router or the output.
 LM_FF = {
@@ -68,7 +66,7 @@ CASES = {
     "lm_tied": lambda: _lm(**{"model.tie_embeddings": True}),
     "wt103_s": lambda: _config("sigma_moe_paper:wt103_s", **{"model.n_layers": 2,
                                                              "data.batch_size": 8}),
-    "spartan_encoder": lambda: _config("spartan_mrpc", **{
+    "spartan_encoder": lambda: _config("glue:mrpc", **{
         "train.batch_size": 4, "backbone.path": ROBERTA, "backbone.dtype": "bfloat16"}),
     "spartan_lm_backbone": lambda: _config("spartan_stdlib", **{
         "train.batch_size": 4, "backbone.dtype": "bfloat16"}),

@@ -8,8 +8,8 @@ from flax import nnx
 
 from sparse_jax.models import TransformerLM
 from sparse_jax.models.encoder import Encoder
-from sparse_jax.models.terraformer import TerraformerConfig
-from sparse_jax.training.steps import make_rngs, reseed
+from sparse_jax.models.rngs import make_rngs, reseed
+from sparse_jax.models.terraformer_config import TerraformerConfig
 from sparse_jax.validation import ConfigError
 
 

@@ -7,9 +7,9 @@ import pytest
 from flax import nnx
 
 from configs import terraformer_arithmetic
-from sparse_jax.models.terraformer import (Terraformer, TerraformerConfig, concat_with_padding,
-                                           strip_decoder)
-from sparse_jax.training.steps import make_rngs, reseed
+from sparse_jax.models.rngs import make_rngs, reseed
+from sparse_jax.models.terraformer import Terraformer, concat_with_padding, strip_decoder
+from sparse_jax.models.terraformer_config import TerraformerConfig
 from sparse_jax.validation import ConfigError
 
 

@@ -9,8 +9,8 @@ from cli_testing import ONE_DEVICE, cli_config, run_script
 
 from configs import terraformer_arxiv
 from sparse_jax.data import rouge_metrics
-from sparse_jax.training.loop import train_and_evaluate
-from sparse_jax.training.tasks import Seq2SeqTask, task_class, validate_config
+from sparse_jax.tasks import train_and_evaluate
+from sparse_jax.tasks import Seq2SeqTask, task_class, validate_config
 from tests import arxiv_testing
 
 TINY = ["--config=configs/terraformer_arxiv.py:small", "--config.model.d_model=32",

@@ -6,8 +6,8 @@ import numpy as np
 
 from configs import terraformer_arithmetic
 from sparse_jax import parallel
+from sparse_jax.tasks import task_for
 from sparse_jax.training.placement import Placement
-from sparse_jax.training.tasks import task_for
 
 
 def _assert_batch_matches(task):

@@ -4,7 +4,7 @@ is `benchmarks/mixed_precision.py`, in RESULTS.md)."""
 import numpy as np
 from training_testing import train_losses
 
-from sparse_jax.training.loop import train_and_evaluate
+from sparse_jax.tasks import train_and_evaluate
 
 
 def test_bfloat16_loss_curve_follows_float32(tiny_config, tmp_path):

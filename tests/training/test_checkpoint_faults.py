@@ -18,12 +18,12 @@ from lm_testing import tiny_lm_config
 from training_testing import assert_trees_equal, saved_item, train_losses
 
 from sparse_jax import parallel
+from sparse_jax.tasks import task_for, train_and_evaluate
 from sparse_jax.training import checkpointing
 from sparse_jax.training.checkpointing import (CheckpointRestoreError, CheckpointWriteError,
                                                Checkpointer)
-from sparse_jax.training.loop import Run, train_and_evaluate
+from sparse_jax.training.loop import Run
 from sparse_jax.training.placement import Placement
-from sparse_jax.training.tasks import task_for
 from sparse_jax.validation import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -134,6 +134,22 @@ def test_readers_change_nothing_in_a_run_being_written(trained, tmp_path):
   assert not os.path.exists(missing)
   Checkpointer(workdir).close()  # A writer starting there removes the leftover.
   assert not os.path.exists(in_flight)
+
+
+def test_a_process_stopping_before_it_saves_removes_leftovers_without_a_traceback(tmp_path):
+  """A killed save's temporary directory is removed when a writer is created, not by a thread
+  left running (Orbax's own cleanup, awaited only by its first save, failed at interpreter
+  exit): a run that stops before saving ends with its own message only."""
+  leftover = tmp_path / "checkpoints" / "9.orbax-checkpoint-tmp-1234"
+  (leftover / "params").mkdir(parents=True)
+  (leftover / "params" / "data").write_text("partial")
+  script = ("import sys; from sparse_jax.training.checkpointing import Checkpointer; "
+            "Checkpointer(sys.argv[1]).close(); sys.exit('stopped before saving')")
+  stopped = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=REPO,
+                           env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
+                           text=True, timeout=300)
+  assert (stopped.returncode, stopped.stderr) == (1, "stopped before saving\n"), stopped.stderr
+  assert not leftover.exists()
 
 
 def test_a_full_disk_during_a_save_stops_with_the_last_step_intact(trained, tmp_path,

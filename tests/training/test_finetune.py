@@ -11,14 +11,13 @@ import pytest
 from flax import nnx
 from hf_testing import reference_copy
 
-from configs import spartan_rte
+from configs import glue
 from sparse_jax.finetune import methods
-from sparse_jax.finetune.backbones import build_classifier, load_tokenizer
-from sparse_jax.training import make_train_step
-from sparse_jax.training.evaluate_checkpoint import evaluate_checkpoint
-from sparse_jax.training.loop import train_and_evaluate
-from sparse_jax.training.tasks import task_for
+from sparse_jax.tasks import task_for, train_and_evaluate
+from sparse_jax.tasks.backbones import build_classifier, load_tokenizer
+from sparse_jax.tasks.runs import evaluate_checkpoint
 from sparse_jax.training.optimizer import BatchedTrainConfig, make_optimizer
+from sparse_jax.training.steps import make_train_step
 from sparse_jax.validation import ConfigError
 
 
@@ -28,7 +27,7 @@ def roberta_dir(tmp_path_factory):
 
 
 def rte_config(roberta_dir, data_dir, method="spartan"):
-  config = spartan_rte.get_config(method)
+  config = glue.get_config(f"rte,{method}")
   config.backbone.path = roberta_dir
   config.task.data_dir = data_dir
   config.task.max_len = 24
@@ -117,4 +116,4 @@ def test_bad_fields_are_named(roberta_dir, tmp_path):
   with pytest.raises(FileNotFoundError, match="config.json"):
     train_and_evaluate(config, str(tmp_path / "run"))
   with pytest.raises(ValueError, match="fewshot"):
-    spartan_rte.get_config("spartan,tenshot")
+    glue.get_config("rte,spartan,tenshot")

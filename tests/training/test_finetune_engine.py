@@ -20,13 +20,12 @@ from training_testing import (assert_trees_equal, flat, free_port, patch_step, s
                               sigterm_at, train_losses)
 
 import sparse_jax
-from configs import spartan_rte
+from configs import glue
 from sparse_jax import parallel
 from sparse_jax.finetune import methods
-from sparse_jax.finetune.backbones import build_classifier
-from sparse_jax.training import Checkpointer
-from sparse_jax.training.loop import train_and_evaluate
-from sparse_jax.training.tasks import task_for
+from sparse_jax.tasks import ClassificationTask, task_for, train_and_evaluate
+from sparse_jax.tasks.backbones import build_classifier
+from sparse_jax.training.checkpointing import Checkpointer
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -43,7 +42,7 @@ def backbone_dir(stdlib_slice, tmp_path_factory):
 
 
 def finetune_config(backbone_dir, data_dir, batch_size=2):
-  config = spartan_rte.get_config("spartan")
+  config = glue.get_config("rte,spartan")
   config.backbone.update(kind="lm_checkpoint", path=backbone_dir)
   config.task.update(data_dir=data_dir, max_len=24)
   config.method.spartan.update(n_parents=4, n_children=2, top_k=2)
@@ -91,7 +90,7 @@ def test_load_puts_the_trained_part_on_the_backbone(finetuned, backbone_dir):
   on top of the backbone's own pretrained checkpoint (read directly)."""
   workdir, config = finetuned
   model, saved_config = sparse_jax.load(workdir)
-  assert saved_config.to_dict() == config.to_dict()
+  assert ClassificationTask.resolve(saved_config) == ClassificationTask.resolve(config)
   trainable = methods.trainable_filter(config.method)
   assert_trees_equal(nnx.state(model, trainable), saved_item(workdir, 4, "trainable"))
   pretrained = flat(saved_item(backbone_dir, 2))
@@ -118,7 +117,7 @@ def two_processes(backbone_dir, data_dir, workdir):
   """`train.py` on the `finetune_config` run as two gloo-connected processes of 2 CPU devices
   (mesh data 2 x fsdp 2); returns their stdouts."""
   overrides = [
-      "--config=configs/spartan_rte.py", "--config.backbone.kind=lm_checkpoint",
+      "--config=configs/glue.py:rte", "--config.backbone.kind=lm_checkpoint",
       f"--config.backbone.path={backbone_dir}", f"--config.task.data_dir={data_dir}",
       "--config.task.download=False", "--config.task.max_len=24",
       "--config.method.spartan.n_parents=4", "--config.method.spartan.n_children=2",

@@ -11,10 +11,8 @@ from configs import default, spartan_stdlib
 from sparse_jax.data import classification
 from sparse_jax.figures import spartan_cells
 from sparse_jax.layers.spartan import SpartanMemory
-from sparse_jax.training.evaluate_checkpoint import evaluate_checkpoint
-from sparse_jax.training.loop import train_and_evaluate
-from sparse_jax.training.saved_runs import saved_config
-from sparse_jax.training.tasks import task_for
+from sparse_jax.tasks import task_for, train_and_evaluate
+from sparse_jax.tasks.runs import evaluate_checkpoint, saved_config
 
 # One package with a distinctive vocabulary (codec tables) beside three of similar Python,
 # so that a backbone pretrained for seconds still separates some classes.

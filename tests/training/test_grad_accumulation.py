@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from sparse_jax.models.rngs import reseed
+from sparse_jax.tasks import task_for
 from sparse_jax.training import steps
-from sparse_jax.training.tasks import task_for
 from sparse_jax.validation import ConfigError
 
 BATCH, N_MICRO = 8, 4
@@ -34,7 +35,7 @@ def _inputs(task):
 
 
 def _whole_batch(task, model, batch, memory):
-  steps.reseed(model, 0, 0)
+  reseed(model, 0, 0)
   (loss, (metrics, new_memory)), grads = nnx.jit(nnx.value_and_grad(
       task.loss, argnums=nnx.DiffState(0, nnx.Param), has_aux=True))(model, batch, memory)
   return loss, metrics, new_memory, grads
@@ -115,7 +116,7 @@ def test_sigma_moe_regulariser_is_per_micro_batch(tiny_config):
 
 @pytest.mark.parametrize("accum", [3, 16])
 def test_accumulation_must_divide_the_batch(tiny_config, tmp_path, accum):
-  from sparse_jax.training.loop import train_and_evaluate
+  from sparse_jax.tasks import train_and_evaluate
 
   tiny_config.train.grad_accum_steps = accum
   with pytest.raises(ConfigError, match="train.grad_accum_steps"):

@@ -24,7 +24,7 @@ import time
 import pytest
 from training_testing import assert_trees_equal, saved_item
 
-from sparse_jax.training.loop import train_and_evaluate
+from sparse_jax.tasks import train_and_evaluate
 from lm_testing import tiny_lm_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -23,9 +23,8 @@ from training_testing import (assert_trees_equal, free_port, patch_step, saved_i
                               train_losses)
 
 from sparse_jax import parallel
+from sparse_jax.tasks import task_for, train_and_evaluate
 from sparse_jax.training import loop
-from sparse_jax.training.loop import train_and_evaluate
-from sparse_jax.training.tasks import task_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -7,9 +7,8 @@ import json
 import pytest
 from cli_testing import cli_config
 
-from sparse_jax.training.loop import train_and_evaluate
+from sparse_jax.tasks import train_and_evaluate, validate_config
 from sparse_jax.training.resume_config import check_resumable
-from sparse_jax.training.tasks import validate_config
 from sparse_jax.validation import ConfigError
 
 

@@ -16,11 +16,11 @@ import scipy.stats
 from tensorboardX.proto import event_pb2
 from training_testing import patch_step
 
-from configs import spartan_rte
-from sparse_jax.training.loop import MetricsWindow, train_and_evaluate
+from configs import glue
+from sparse_jax.tasks import task_for, train_and_evaluate
+from sparse_jax.tasks.lm import build_model
+from sparse_jax.training.loop import MetricsWindow
 from sparse_jax.training.routing_health import RoutingHealth
-from sparse_jax.training.tasks import task_for
-from sparse_jax.training.tasks.lm import build_model
 
 E, TOKENS, STEPS = 8, 64, 5
 STATS = ("usage_entropy", "dead_fraction", "top_share")
@@ -159,7 +159,7 @@ def test_the_lm_tasks_step_metrics_carry_each_moe_layers_routing(tiny_config, ki
 def test_the_classification_tasks_step_metrics_carry_the_routing():
   """With an MoE backbone (`lm_checkpoint` of a sigma-MoE LM) the classifier's aux holds its
   layers' routing; a stand-in model returns such an aux."""
-  config = spartan_rte.get_config("head")
+  config = glue.get_config("rte,head")
   config.mesh.data = 1
   share_e = jnp.array([0.5, 0.5, 1.0, 0.0])
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from sparse_jax.training import seed_runs
-from sparse_jax.training.loop import train_and_evaluate
+from sparse_jax.tasks import seed_runs
+from sparse_jax.tasks import train_and_evaluate
 from sparse_jax.validation import ConfigError
 from tests.lm_testing import tiny_lm_config
 

@@ -13,9 +13,8 @@ from training_testing import patch_step, sigterm_at
 
 from configs import terraformer_arithmetic
 from sparse_jax.data import arithmetic
-from sparse_jax.training.evaluate_checkpoint import evaluate_checkpoint
-from sparse_jax.training.loop import train_and_evaluate
-from sparse_jax.training.tasks import Seq2SeqTask, task_class, validate_config
+from sparse_jax.tasks import Seq2SeqTask, task_class, train_and_evaluate, validate_config
+from sparse_jax.tasks.runs import evaluate_checkpoint
 from sparse_jax.validation import ConfigError
 
 TINY = ["--config=configs/terraformer_arithmetic.py:add", "--config.model.d_model=32",

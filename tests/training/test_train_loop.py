@@ -9,11 +9,11 @@ import pytest
 from flax import nnx
 from training_testing import patch_step, sigterm_at, train_losses
 
-from sparse_jax.training import Checkpointer
-from sparse_jax.training.evaluate_checkpoint import evaluate_checkpoint
-from sparse_jax.training.loop import NonFiniteLossError, train_and_evaluate
-from sparse_jax.training.saved_runs import NoCheckpointError
-from sparse_jax.training.tasks.lm import build_model
+from sparse_jax.tasks import train_and_evaluate
+from sparse_jax.tasks.lm import build_model
+from sparse_jax.tasks.runs import evaluate_checkpoint
+from sparse_jax.training.checkpointing import Checkpointer, NoCheckpointError
+from sparse_jax.training.loop import NonFiniteLossError
 from sparse_jax.validation import ConfigError
 
 

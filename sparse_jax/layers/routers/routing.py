@@ -102,7 +102,7 @@ def selector_param(rngs, n_experts: int, d_model: int, n_layers: int,
   else:
     std = (math.sqrt(0.1) * initializers.depth_scaled_std(d_model, n_layers)
            if init == "switch" else math.sqrt(0.1 / d_model))
-    w = initializers.normal(std)(key, shape)
+    w = jax.nn.initializers.normal(std)(key, shape)
   return nnx.Param(w, logical_axes=SELECTOR_AXES)
 
 

@@ -6,7 +6,6 @@ Config sections: `data` (`sparse_jax.data`), `model` (`models.lm`), `train`, `ev
 checkpoint as the item `memory`) holds the real preceding text.
 """
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -17,18 +16,19 @@ from sparse_jax import data, parallel, schema, validation
 from sparse_jax.data.datasets import DataConfig
 from sparse_jax.data.sources import BadSourceError
 from sparse_jax.models.accounting import lm_step_flops, model_report
-from sparse_jax.models.lm import LMConfig, TransformerLM
+from sparse_jax.models.lm import TransformerLM
+from sparse_jax.models.lm_config import LMConfig
+from sparse_jax.models.rngs import make_rngs
 from sparse_jax.models.xl_memory import XLMemory
+from sparse_jax.tasks.lm_evaluation import (Evaluator, cross_entropy, make_eval_step,
+                                                    unit_metric)
 from sparse_jax.training import routing_health
 from sparse_jax.training.optimizer import TrainConfig, make_optimizer
 from sparse_jax.training.placement import Placement
-from sparse_jax.training.steps import join_rows, make_rngs, split_rows
+from sparse_jax.training.steps import join_rows, split_rows
 from sparse_jax.training.task import Task
-from sparse_jax.training.tasks.lm_evaluation import (Evaluator, cross_entropy, make_eval_step,
-                                                    unit_metric)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class LMEvalConfig(schema.Schema):
   """The `eval` section: `batch_size` streams with XL memory of `mem_len` positions (the
   paper: 4x the training context); `max_batches` None evaluates the whole split."""
@@ -38,7 +38,6 @@ class LMEvalConfig(schema.Schema):
   max_batches: schema.PositiveInt | None = None
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class LMExperiment(schema.Schema):
   """A language-model config (module docstring), typed."""
 

@@ -1,9 +1,10 @@
-"""GLUE evaluation metrics in plain numpy, and the per-task GLUE score.
+"""GLUE evaluation metrics, and the per-task GLUE score.
 
 The fine-tuning tasks (`sparse_jax.data.classification`) are scored with the metrics GLUE
 (Wang et al., 2018) prescribes: accuracy, binary F1, Matthews correlation, and Pearson and
-Spearman correlation for the STS-B regression task. They are written here in numpy so the
-library depends on neither scikit-learn nor scipy; the tests compare them with both.
+Spearman correlation for the STS-B regression task. The classification metrics are written
+here in numpy, so the library does not depend on scikit-learn (the tests compare them with
+it); the correlations are scipy's.
 
 Conventions: `pred` and `label` are 1-D arrays of equal, non-zero length (class ids for the
 classification metrics, floats for the correlations). Where a metric is undefined (a constant
@@ -22,6 +23,7 @@ which App. C lists for every pair task it names; or "f1", or "mean" of the two).
 from typing import Callable, Iterable
 
 import numpy as np
+import scipy.stats
 
 from sparse_jax import validation
 
@@ -73,35 +75,25 @@ def matthews_corrcoef(pred: np.ndarray, label: np.ndarray) -> float:
   return float(cov_label_pred / np.sqrt(cov_pred_pred * cov_label_label))
 
 
-def pearson(x: np.ndarray, y: np.ndarray) -> float:
-  """Pearson correlation coefficient; 0.0 when either input is constant."""
+def _correlation(statistic, x: np.ndarray, y: np.ndarray) -> float:
+  """`statistic(x, y).statistic` in float64; 0.0 when either input is constant (one value, or
+  all equal), where scipy warns and returns NaN."""
   x, y = _check_pair(x, y)
-  x_centered = x.astype(np.float64) - np.mean(x, dtype=np.float64)
-  y_centered = y.astype(np.float64) - np.mean(y, dtype=np.float64)
-  norm = np.sqrt(np.sum(x_centered**2) * np.sum(y_centered**2))
-  if norm == 0:
+  if np.all(x == x[0]) or np.all(y == y[0]):
     return 0.0
-  return float(np.clip(np.sum(x_centered * y_centered) / norm, -1.0, 1.0))
+  return float(statistic(x.astype(np.float64), y.astype(np.float64)).statistic)
 
 
-def average_ranks(x: np.ndarray) -> np.ndarray:
-  """1-based ranks of `x`, tied values sharing the mean of their ranks (scipy's 'average')."""
-  x = np.asarray(x)
-  order = np.argsort(x, kind="stable")
-  x_sorted = x[order]
-  starts_group = np.concatenate([[True], x_sorted[1:] != x_sorted[:-1]])
-  group_of_sorted = np.cumsum(starts_group) - 1
-  bounds = np.flatnonzero(np.concatenate([starts_group, [True]]))  # Group starts, then n.
-  group_mean_rank = (bounds[:-1] + bounds[1:] + 1) / 2.0  # Mean of ranks start+1 .. end.
-  ranks = np.empty(len(x), np.float64)
-  ranks[order] = group_mean_rank[group_of_sorted]
-  return ranks
+def pearson(x: np.ndarray, y: np.ndarray) -> float:
+  """Pearson correlation coefficient (`scipy.stats.pearsonr`); 0.0 when either input is
+  constant."""
+  return _correlation(scipy.stats.pearsonr, x, y)
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float:
-  """Spearman rank correlation (Pearson of average ranks); 0.0 when either is constant."""
-  x, y = _check_pair(x, y)
-  return pearson(average_ranks(x), average_ranks(y))
+  """Spearman rank correlation (`scipy.stats.spearmanr`: Pearson of the ranks, ties sharing
+  their mean rank); 0.0 when either input is constant."""
+  return _correlation(scipy.stats.spearmanr, x, y)
 
 
 def pearson_spearman(x: np.ndarray, y: np.ndarray) -> float:

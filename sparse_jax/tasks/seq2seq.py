@@ -9,7 +9,6 @@ the teacher-forced loss and token accuracy, and the dataset's own scores of gree
 whole split.
 """
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -21,14 +20,14 @@ from sparse_jax import parallel, schema, validation
 from sparse_jax.data import task_batches
 from sparse_jax.data.seq2seq import Seq2SeqDataConfig
 from sparse_jax.models.accounting import terraformer_step_flops
-from sparse_jax.models.terraformer import PAD, Terraformer, TerraformerConfig
+from sparse_jax.models.rngs import make_rngs
+from sparse_jax.models.terraformer import PAD, Terraformer
+from sparse_jax.models.terraformer_config import TerraformerConfig
 from sparse_jax.training.optimizer import TrainConfig, make_optimizer
 from sparse_jax.training.placement import Placement
-from sparse_jax.training.steps import make_rngs
 from sparse_jax.training.task import Task
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class Seq2SeqEvalConfig(schema.Schema):
   """The `eval` section: batches of `batch_size`; the teacher-forced loss over `max_batches`
   (None: the whole split) and greedy answers scored over `max_examples` (None: all)."""
@@ -38,7 +37,6 @@ class Seq2SeqEvalConfig(schema.Schema):
   max_examples: schema.NonNegativeInt | None = 64
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class Seq2SeqExperiment(schema.Schema):
   """A sequence-to-sequence config (module docstring), typed."""
 

@@ -10,7 +10,6 @@ with the plug-ins of `method` freshly initialised on top; `load_tokenizer` the t
 goes with the backbone.
 """
 
-import dataclasses
 from typing import Literal
 
 import ml_collections
@@ -23,13 +22,12 @@ from sparse_jax.layers.precision import COMPUTE_DTYPES
 from sparse_jax.models import hf_roberta
 from sparse_jax.models.classifier import SequenceClassifier
 from sparse_jax.models.lm import TransformerLM
+from sparse_jax.models.rngs import make_rngs
 from sparse_jax.training.checkpointing import Checkpointer
-from sparse_jax.training.steps import make_rngs
 
 BACKBONES = ("hf_roberta", "lm_checkpoint")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class BackboneConfig(schema.Schema):
   """The `backbone` section (module docstring); `step` None means the latest checkpoint."""
 
@@ -50,13 +48,8 @@ def parse(cfg) -> BackboneConfig:
 
 
 def _saved_step(checkpointer: Checkpointer, cfg: BackboneConfig) -> int:
-  steps = checkpointer.all_steps()
-  step = cfg.step or (max(steps) if steps else None)
-  if step not in steps:
-    raise FileNotFoundError(
-        f"no checkpoint{'' if step is None else f' of step {step}'} in {cfg.path}/checkpoints"
-        f": pretrain the backbone first, e.g. `python train.py --workdir={cfg.path}`.")
-  return step
+  return checkpointer.resolve_step(cfg.step, how_to_make_one=(
+      f"pretrain the backbone first, e.g. `python train.py --workdir={cfg.path}`"))
 
 
 def backbone_model_config(cfg) -> ml_collections.ConfigDict:

@@ -1,18 +1,18 @@
-"""The tasks the engine trains, each thin: what a config's sections select.
+"""Which task a config selects.
 
 A config with a `task` section fine-tunes a classifier (`ClassificationTask`), one whose
 `model.kind` is "terraformer" trains sequence to sequence (`Seq2SeqTask`); any other is
-language modelling (`LanguageModelTask`). A new kind of task is a new module here and one line
-in `task_class`.
+language modelling (`LanguageModelTask`). A new kind of task is a new module in `tasks/` and
+one line in `task_class`.
 """
 
 import ml_collections
 
 from sparse_jax import schema
+from sparse_jax.tasks.classification import ClassificationTask
+from sparse_jax.tasks.lm import LanguageModelTask
+from sparse_jax.tasks.seq2seq import Seq2SeqTask
 from sparse_jax.training.task import Task
-from sparse_jax.training.tasks.classification import ClassificationTask
-from sparse_jax.training.tasks.lm import LanguageModelTask
-from sparse_jax.training.tasks.seq2seq import Seq2SeqTask
 
 
 def task_class(config: ml_collections.ConfigDict) -> type[Task]:
@@ -36,6 +36,3 @@ def task_for(config: ml_collections.ConfigDict) -> Task:
   """The task of `config`, its config validated (`validate_config`)."""
   return task_class(config)(config)
 
-
-__all__ = ["ClassificationTask", "LanguageModelTask", "Seq2SeqTask", "Task", "task_class",
-           "task_for", "validate_config"]

@@ -22,7 +22,7 @@ import ml_collections
 import numpy as np
 
 from sparse_jax import validation
-from sparse_jax.training.classification_metrics import spartan_score
+from sparse_jax.tasks.classification_metrics import spartan_score
 
 SUMMARY_FILE = "seeds.json"
 

@@ -2,13 +2,12 @@
 `task` section (`configs/spartan_*.py`), and what `eval.py` scores.
 
 Config sections: `task` (`sparse_jax.data.classification`; plus `max_len` and `n_train`, the
-few-shot subset size or None for the whole split), `backbone` (`finetune.backbones`),
+few-shot subset size or None for the whole split), `backbone` (`tasks.backbones`),
 `method` (`finetune.methods`), `train` (the engine's fields plus `batch_size`), `eval`
 (`batch_size`, `max_examples`), `mesh`. Checkpoints hold only the trainable part (item
 `trainable`): restoring rebuilds the backbone from `backbone` and puts that part on top.
 """
 
-import dataclasses
 import json
 import os
 
@@ -21,11 +20,12 @@ from flax import nnx
 
 from sparse_jax import parallel, schema
 from sparse_jax.data import classification, task_batches
-from sparse_jax.finetune import backbones, methods
+from sparse_jax.finetune import methods
 from sparse_jax.finetune.storage import storage_report
 from sparse_jax.models.accounting import classifier_step_flops
 from sparse_jax.models.classifier import SequenceClassifier
-from sparse_jax.training import classification_metrics, routing_health
+from sparse_jax.tasks import backbones, classification_metrics
+from sparse_jax.training import routing_health
 from sparse_jax.training.checkpointing import ParamsItem
 from sparse_jax.training.optimizer import BatchedTrainConfig, make_optimizer
 from sparse_jax.training.placement import Placement
@@ -36,7 +36,6 @@ class HiddenLabelsError(ValueError):
   """The split's labels are hidden (GLUE test splits), so it cannot be scored."""
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class ClassificationEvalConfig(schema.Schema):
   """The `eval` section: batches of `batch_size`; `max_examples` None scores the whole
   validation split."""
@@ -45,7 +44,6 @@ class ClassificationEvalConfig(schema.Schema):
   max_examples: schema.PositiveInt | None = None
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class ClassificationExperiment(schema.Schema):
   """A fine-tuning config (module docstring), typed."""
 

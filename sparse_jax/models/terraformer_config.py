@@ -1,0 +1,75 @@
+"""The `model` section's schema of a Terraformer (`models.terraformer.Terraformer`) and the
+choices its fields allow; apart from the model so that its blocks, the accounting and the tasks
+import it without importing each other.
+"""
+
+from typing import Literal
+
+from sparse_jax import schema, validation
+from sparse_jax.layers.precision import COMPUTE_DTYPES
+from sparse_jax.layers.registry import FFConfig
+from sparse_jax.models.remat import REMAT_KINDS
+
+ATTENTIONS = ("lsh", "dense")
+QKV_KINDS = ("dense", "sparse")
+REVERSIBLE_FF_KINDS = ("dense", "sparse_ff")  # No routing choices the replay cannot cover.
+
+class LSHConfig(schema.Schema):
+  """`model.lsh`: LSH attention's hashing (Sec. 4.1; the paper's summarisation setting)."""
+
+  n_hashes: schema.PositiveInt = 2
+  n_buckets: schema.PositiveInt = 128
+  chunk_len: schema.PositiveInt = 128
+
+  def check(self, path: str) -> None:
+    validation.require(self.n_buckets % 2 == 0, f"{path}.n_buckets", "an even integer",
+                       self.n_buckets)
+
+
+class TerraformerConfig(schema.Schema):
+  """The `model` section of a Terraformer (module docstring)."""
+
+  kind: Literal["terraformer"] = "terraformer"
+  vocab_size: schema.PositiveInt
+  d_model: schema.PositiveInt
+  n_heads: schema.PositiveInt
+  n_encoder_layers: schema.PositiveInt
+  n_decoder_layers: schema.PositiveInt
+  n_decoder_attention_layers: schema.PositiveInt = 2  # Attention half-residuals per block.
+  dropout: schema.Probability = 0.1
+  attn_dropout: schema.Probability = 0.0
+  ff: FFConfig
+  sru_units: schema.NonNegativeInt = 32  # 0: no SRU branch.
+  encoder_attention: Literal[ATTENTIONS] = "lsh"
+  decoder_attention: Literal[ATTENTIONS] = "lsh"
+  decoder_qkv: Literal[QKV_KINDS] = "dense"
+  attention_sparsity: schema.PositiveInt | None = None  # S of sparse QKV; None: n_heads.
+  lsh: LSHConfig
+  loss_sparsity: schema.NonNegativeInt = 0  # S of the multiplicative output; 0: dense.
+  reversible: bool = True
+  layer_norm_eps: schema.PositiveFloat = 1e-6
+  # The sublayers' compute dtype; the reversible streams stay float32 (docs/training.md).
+  dtype: Literal[tuple(COMPUTE_DTYPES)] = "float32"
+  remat: Literal[REMAT_KINDS] = "none"  # See check().
+
+  def check(self, path: str) -> None:
+    self.ff.check_width(self.d_model)
+    validation.require(self.remat == "none", f"{path}.remat",
+                       "'none': Terraformer's memory saving is its reversible stack, whose "
+                       f"backward pass recomputes activations already ({path}.reversible=True)",
+                       self.remat)
+    validation.require(self.ff.kind in REVERSIBLE_FF_KINDS, f"{path}.ff.kind",
+                       f"one of {REVERSIBLE_FF_KINDS} (choices a reversible block can replay)",
+                       self.ff.kind)
+    validation.require(self.d_model % self.n_heads == 0, f"{path}.d_model",
+                       f"divisible by {path}.n_heads={self.n_heads}", self.d_model)
+    validation.require(self.attention_sparsity is None or self.decoder_qkv == "sparse",
+                       f"{path}.attention_sparsity", "None unless decoder_qkv is 'sparse'",
+                       self.attention_sparsity)
+    validation.require(not self.attention_sparsity or self.d_model % self.attention_sparsity == 0,
+                       f"{path}.attention_sparsity", f"a divisor of {path}.d_model={self.d_model}",
+                       self.attention_sparsity)
+    validation.require(self.loss_sparsity == 0 or self.vocab_size % self.loss_sparsity == 0,
+                       f"{path}.loss_sparsity",
+                       f"0 (dense) or a divisor of {path}.vocab_size={self.vocab_size}",
+                       self.loss_sparsity)
