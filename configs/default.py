@@ -1,6 +1,6 @@
 """The embedded default: a small sigma-MoE Transformer-XL on `builtin` (no download).
 
-`python train.py` runs this into `runs/default`; it finishes in about 10 minutes on 2 CPU cores.
+`python train.py` runs this into `runs/default`.
 Like every config file it states only what differs from the schemas' defaults
 (`sparse_jax.models.lm_config`, `sparse_jax.layers.registry`, ...); `--config.x.y=v` sets any
 field, written here or not (`--config.data.source_root=DIR` reads another source tree than
@@ -28,7 +28,7 @@ def get_config() -> ml_collections.ConfigDict:
       "steps": 400, "lr": 2e-3, "grad_clip": 0.25, "log_every": 20, "eval_every": 200,
       "ckpt_every": 200})
   config.train.warmup_steps = config.train.get_ref("steps") // 10
-  # Every device data-parallel: -1 takes all devices (README "Scaling out").
+  # Every device data-parallel: -1 takes all devices (docs/scaling_out.md).
   config.mesh = ml_collections.ConfigDict({"data": -1})
   config.eval = ml_collections.ConfigDict({"batch_size": 16})
   config.eval.mem_len = config.data.get_ref("seq_len") * 4  # The paper's 4x the context.

@@ -1,6 +1,6 @@
 """Enwik8 dense baseline of the sigma-MoE paper (Table 6, 41M parameters), bits per character.
 
-Prepare the data first (README "Datasets"): put enwik8.zip into `data.manual_dir` (default
+Prepare the data first (docs/datasets.md): put enwik8.zip into `data.manual_dir` (default
 `<data_dir>/downloads/manual`) or let the first run download it; `data.split_bytes` (default
 the standard 90M/5M/5M) sets other splits.
 `python train.py --config=configs/e8_dense.py --config.data.data_dir=DIR`.

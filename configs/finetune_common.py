@@ -66,6 +66,6 @@ def base_config(config_string: str | None, *, task: dict, backbone: dict, steps:
     if few_shot == "fewshot_script":
       config.task.n_train_from = "first"
   config.eval = ml_collections.ConfigDict({"batch_size": 64})
-  # The (data, fsdp, expert) device mesh, as for language models (README "Scaling out").
+  # The (data, fsdp, expert) device mesh, as for language models (docs/scaling_out.md).
   config.mesh = ml_collections.ConfigDict({"data": -1})
   return config

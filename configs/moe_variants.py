@@ -4,7 +4,7 @@
     python train.py --config=configs/moe_variants.py:e8,no_reg
 
 Models are those of `configs/sigma_moe_paper.py`. Each variant is what the authors' released
-runs trained (their code; README "Feed-forward kinds" says where that differs from the
+runs trained (their code; docs/sigma_moe.md "Feed-forward kinds" says where that differs from the
 paper's text). It changes only the FF of that model's sigma-MoE config, keeping the
 parameter count (same N_E * G) unless the variant is about the size itself:
 

@@ -28,9 +28,9 @@ def paper_train_and_eval(config: ml_collections.ConfigDict) -> None:
   """Adam at 2.5e-4 with cosine decay to 0 over 100k steps, no warmup, clip 0.25; evaluation
   with 4x the training context as memory (App. B) on 4 streams, as the authors' code
   evaluates (fewer streams start with an empty memory than at the training batch size), over
-  the whole split; every device data-parallel unless overridden (README "Scaling out"). Sets
+  the whole split; every device data-parallel unless overridden (docs/scaling_out.md). Sets
   `config.train`, `config.eval` and `config.mesh`. `--config.train.profile_steps=10,15`
-  writes a jax.profiler trace of steps 11-15 into WORKDIR/profile (README "Profiles").
+  writes a jax.profiler trace of steps 11-15 into WORKDIR/profile (docs/training.md "Profiles").
 
   `eval.mem_len` is a `FieldReference` to 4x `data.seq_len`, so it follows an override of
   the context (an explicit override still wins)."""

@@ -3,7 +3,7 @@
 The data of `configs/wt103_s_dense.py` (SentencePiece 8k) with a bigger model, a longer
 context and 4000 warmup steps (4% of `train.steps`, so it follows an override of the steps).
 `python train.py --config=configs/wt103_b_dense.py --config.data.data_dir=DIR` after
-preparing the data (README "Datasets").
+preparing the data (docs/datasets.md).
 """
 
 import ml_collections

@@ -9,7 +9,7 @@ step (float32, everything stored), so it does not fit an H100. Compiled for an H
 (`benchmarks/train_memory.py`, benchmarks/RESULTS.md): bfloat16 compute alone 82 GiB; with
 `model.remat="dots"` 20 GiB (recomputing attention and activations, keeping the weight
 matmuls' outputs); with `train.grad_accum_steps=2` instead 47 GiB (the same update up to the
-regulariser's per-micro-batch batch statistics, README "Gradient accumulation").
+regulariser's per-micro-batch batch statistics, docs/training.md "Gradient accumulation").
 """
 
 from configs import sigma_moe_paper

@@ -1,7 +1,7 @@
 """WikiText-103 small dense baseline ("WT-S") of the sigma-MoE paper (Table 6, 47M parameters).
 
 SentencePiece with 8000 pieces trained on the train split; perplexity per token and per word.
-Prepare the data first (README "Datasets"): put wikitext-103-raw-v1.zip into `data.manual_dir`,
+Prepare the data first (docs/datasets.md): put wikitext-103-raw-v1.zip into `data.manual_dir`,
 or set `data.source_dir` to the extracted `wikitext-103-raw/`, or let the first run download it.
 `python train.py --config=configs/wt103_s_dense.py --config.data.data_dir=DIR`.
 """
