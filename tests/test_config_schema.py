@@ -18,7 +18,6 @@ from sparse_jax.models.accounting import model_report
 from sparse_jax.validation import ConfigError
 
 
-
 class Inner(schema.Schema):
   size: schema.PositiveInt = 3
 

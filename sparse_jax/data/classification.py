@@ -79,8 +79,6 @@ class ClassificationSplit:
     return len(self.labels)
 
 
-
-
 class TaskConfig(schema.Schema, tag="name"):
   """The `task` section: `name` picks the task's schema; the fields every task has."""
 

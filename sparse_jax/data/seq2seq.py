@@ -16,7 +16,6 @@ from sparse_jax import schema
 from sparse_jax.data import arithmetic, arxiv, padded_batches, rouge_metrics
 
 
-
 class Seq2SeqData(abc.ABC):
   """A dataset as the seq2seq task reads it."""
 

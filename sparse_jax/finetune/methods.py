@@ -37,7 +37,6 @@ PLUG_IN_METHODS = ("houlsby", "pfeiffer", "spartan")
 LEARNING_RATES = {"spartan": 1e-3, "houlsby": 1e-4, "pfeiffer": 1e-4, "full": 2e-5, "head": 1e-3}
 
 
-
 class SpartanSettings(schema.Schema):
   """`method.spartan`: the memory of every layer (SPARTAN App. A: N_p 16, N_c 3, top-K 8)."""
 

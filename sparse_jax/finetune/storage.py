@@ -27,7 +27,6 @@ from sparse_jax.layers.param_types import LayerNormParam, PlugInParam
 from sparse_jax.models.classifier import SequenceClassifier
 
 
-
 def abstract_classifier(model_cfg: ml_collections.ConfigDict,
                         method_cfg: ml_collections.ConfigDict,
                         num_classes: int) -> SequenceClassifier:

@@ -22,7 +22,6 @@ from sparse_jax.layers.adapters import (ADAPTER_INITS, ADAPTERHUB_DEFAULTS, ADAP
 from sparse_jax.layers.dense_ff import ACTIVATIONS
 
 
-
 class MemoryConfig(schema.Schema, tag="kind", default="none"):
   """The `model.memory` section: `kind` picks the schema of the other fields."""
 
