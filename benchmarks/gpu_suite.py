@@ -187,7 +187,8 @@ def run_with_timeout(command: list[str], log: pathlib.Path, timeout_s: float) ->
 
   The children allocate GPU memory as they need it: this process already holds XLA's
   preallocated share of the device."""
-  env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+  # tests/conftest.py runs the tests on the CPU unless JAX_PLATFORMS names the GPU.
+  env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false", "JAX_PLATFORMS": "cuda,cpu"}
   with open(log, "w") as log_file:
     child = subprocess.Popen(command, cwd=REPO, env=env, stdout=log_file,
                              stderr=subprocess.STDOUT, start_new_session=True)

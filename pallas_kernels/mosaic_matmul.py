@@ -29,6 +29,9 @@ from pallas_kernels import slot_layout
 
 DTYPES = ("bfloat16", "float16")
 TILE_MULTIPLE = 64  # K and N must be multiples of it (128-byte swizzled 16-bit tiles).
+# TMA copies tiles of rows only from arrays whose row count is under or a multiple of 8 (an
+# H200 refused 70 and 260 rows), so the kernels' row arrays are padded to one.
+ROW_MULTIPLE = 8
 _H100_SMS = 132
 
 
@@ -51,6 +54,22 @@ def check_problem(dtype, **sizes: int) -> None:
     if size % TILE_MULTIPLE:
       raise ValueError(f"impl='mosaic' needs {name} to be a multiple of {TILE_MULTIPLE}, got "
                        f"{size}: use impl='pallas' for this shape")
+
+
+def check_tiles(blocks, **size_and_field: tuple[int, str]) -> None:
+  """Raise a ValueError unless each tile field of `blocks` divides its size: the kernels
+  loop over size // tile tiles, so a tile that does not divide would leave outputs unwritten
+  (a 256-wide tile on N = 128 ran as no work at all)."""
+  for name, (size, field) in size_and_field.items():
+    tile = getattr(blocks, field)
+    if size % tile:
+      raise ValueError(f"blocks.{field}={tile} must divide {name}={size}")
+
+
+def padded_rows(num_rows: int, tile_rows: int) -> int:
+  """Rows of the kernels' row arrays: a multiple of ROW_MULTIPLE, and at least one tile (a
+  tile may not be larger than its array). The padding rows are in no expert's group."""
+  return max(slot_layout.cdiv(num_rows, ROW_MULTIPLE) * ROW_MULTIPLE, tile_rows)
 
 
 def matmul_blocks(k: int, n: int) -> MatmulBlocks:
@@ -150,12 +169,13 @@ def segment_matmul(x_sk: jax.Array, w: jax.Array, groups: slot_layout.ExpertGrou
   size_n = w.shape[1] if transpose_w else w.shape[2]
   check_problem(x_sk.dtype, K=size_k, N=size_n)
   blocks = blocks or matmul_blocks(size_k, size_n)
-  padded_rows = max(num_rows, blocks.rows)  # A tile may not be larger than the array.
-  x_sk = jnp.pad(x_sk, ((0, padded_rows - num_rows), (0, 0)))
+  check_tiles(blocks, K=(size_k, "inner"), N=(size_n, "cols"))
+  num_padded = padded_rows(num_rows, blocks.rows)
+  x_sk = jnp.pad(x_sk, ((0, num_padded - num_rows), (0, 0)))
   table = slot_layout.segment_table(groups, num_rows, blocks.rows)
   kernel = plgpu.kernel(
       functools.partial(_segment_matmul_body, blocks=blocks, transpose_w=transpose_w),
-      out_type=jax.ShapeDtypeStruct((padded_rows, size_n), out_dtype),
+      out_type=jax.ShapeDtypeStruct((num_padded, size_n), out_dtype),
       grid=(num_sms(),),
       grid_names=("sm",),
       compiler_params=compiler_params(),

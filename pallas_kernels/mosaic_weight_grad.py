@@ -23,7 +23,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import slot_layout
-from pallas_kernels.mosaic_matmul import check_problem, compiler_params, num_sms
+from pallas_kernels.mosaic_matmul import check_problem, check_tiles, compiler_params, num_sms
+from pallas_kernels.mosaic_matmul import padded_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,9 +124,10 @@ def weight_grad(x_sm: jax.Array, dy_sl: jax.Array, groups: slot_layout.ExpertGro
   size_l = dy_sl.shape[1]
   check_problem(x_sm.dtype, M=size_m, L=size_l)
   blocks = blocks or weight_grad_blocks(size_m, size_l)
-  padded_rows = max(num_rows, blocks.inner)  # A tile may not be larger than the array.
-  x_sm = jnp.pad(x_sm, ((0, padded_rows - num_rows), (0, 0)))
-  dy_sl = jnp.pad(dy_sl, ((0, padded_rows - num_rows), (0, 0)))
+  check_tiles(blocks, M=(size_m, "rows_m"), L=(size_l, "cols"))
+  num_padded = padded_rows(num_rows, blocks.inner)
+  x_sm = jnp.pad(x_sm, ((0, num_padded - num_rows), (0, 0)))
+  dy_sl = jnp.pad(dy_sl, ((0, num_padded - num_rows), (0, 0)))
   kernel = plgpu.kernel(
       functools.partial(_weight_grad_body, blocks=blocks),
       out_type=jax.ShapeDtypeStruct((groups.starts_e.shape[0], size_m, size_l), out_dtype),

@@ -54,12 +54,14 @@ def sort_slots(sel_s: jax.Array, num_experts: int) -> tuple[jax.Array, jax.Array
   """
   num_slots = sel_s.shape[0]
   iota_s = lax.iota(jnp.int32, num_slots)
-  sorted_sel_r, order_r = lax.sort((sel_s, iota_s), num_keys=1, is_stable=True)
+  _, order_r = lax.sort((sel_s, iota_s), num_keys=1, is_stable=True)
   rank_s = jnp.zeros_like(iota_s).at[order_r].set(iota_s, unique_indices=True)
-  experts_e = jnp.arange(num_experts, dtype=sel_s.dtype)
-  starts_e = jnp.searchsorted(sorted_sel_r, experts_e, side="left").astype(jnp.int32)
-  ends_e = jnp.searchsorted(sorted_sel_r, experts_e, side="right").astype(jnp.int32)
-  return order_r, rank_s, ExpertGroups(starts_e, ends_e - starts_e)
+  # Group sizes by counting, not by searching the sorted ids: jnp.searchsorted's default
+  # method is a loop of dependent steps, 0.94 ms of a 1.0 ms layout on an H200 (S = 131072),
+  # where the count and its cumulative sum take 0.11 ms.
+  sizes_e = jnp.zeros((num_experts,), jnp.int32).at[sel_s].add(1, mode="drop")
+  starts_e = jnp.cumsum(sizes_e, dtype=jnp.int32) - sizes_e
+  return order_r, rank_s, ExpertGroups(starts_e, sizes_e)
 
 
 def sorted_layout(sel_s: jax.Array, num_experts: int) -> SlotLayout:
@@ -74,7 +76,9 @@ def expert_of_rows(starts_e: jax.Array, rows: jax.Array) -> jax.Array:
   The last expert whose group starts at or before the row; empty groups share their start
   with the next group, so they are never picked for a row inside a non-empty group.
   """
-  expert = jnp.searchsorted(starts_e, rows, side="right") - 1
+  # Comparing every row with every start (rows x E, both small) is one fused op on any
+  # backend, where searchsorted's default method is a loop.
+  expert = jnp.sum(starts_e[None, :] <= rows[:, None], axis=1) - 1
   return jnp.clip(expert, 0, starts_e.shape[0] - 1).astype(jnp.int32)
 
 

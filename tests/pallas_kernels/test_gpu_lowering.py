@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import AbstractDevice, AbstractMesh
 
-from pallas_kernels import cvmm, expert_mlp
+from pallas_kernels import cvmm, expert_mlp, mosaic_matmul, mosaic_weight_grad, slot_layout
 
 TOKENS, D_MODEL, GROUP, K, EXPERTS = 32768, 512, 128, 4, 32
 _H100 = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice(
@@ -34,11 +34,12 @@ def _fused_moe_loss(x_nd, sel_nk, gates_nk, w1_edg, w2_egd, impl):
       jnp.float32))
 
 
-def _lowered_train_step(dtype, impl: str, d_model: int = D_MODEL, loss=_moe_loss) -> str:
+def _lowered_train_step(dtype, impl: str, d_model: int = D_MODEL, loss=_moe_loss,
+                        tokens: int = TOKENS, k: int = K) -> str:
   """StableHLO text of the MoE layer's value and gradients (x, gates, both weights)."""
-  shapes = (jax.ShapeDtypeStruct((TOKENS, d_model), dtype),
-            jax.ShapeDtypeStruct((TOKENS, K), jnp.int32),
-            jax.ShapeDtypeStruct((TOKENS, K), dtype),
+  shapes = (jax.ShapeDtypeStruct((tokens, d_model), dtype),
+            jax.ShapeDtypeStruct((tokens, k), jnp.int32),
+            jax.ShapeDtypeStruct((tokens, k), dtype),
             jax.ShapeDtypeStruct((EXPERTS, d_model, GROUP), dtype),
             jax.ShapeDtypeStruct((EXPERTS, GROUP, d_model), dtype))
   train_step = jax.value_and_grad(loss, argnums=(0, 2, 3, 4))
@@ -69,8 +70,30 @@ def test_forward_and_backward_lower_to_mosaic_gpu(d_model, loss):
   assert not re.search(r"stablehlo\.(dot_general|ragged_dot)", hlo), "a matmul left in XLA"
 
 
+@pytest.mark.parametrize("tokens, k", [(70, 1), (130, 2)])
+def test_mosaic_lowers_for_row_counts_off_the_tma_tiling(tokens, k):
+  """70 and 260 slot rows: TMA refused them (an H200, 2026-11-25) until the kernels padded
+  their row arrays to a multiple of 8."""
+  hlo = _lowered_train_step(jnp.bfloat16, "mosaic", loss=_fused_moe_loss, tokens=tokens, k=k)
+  assert len(re.findall(_MOSAIC_CALL, hlo)) == 6, hlo[:2000]
+
+
 def test_mosaic_refuses_float32_and_odd_sizes():
   with pytest.raises(ValueError, match="use impl='pallas' for float32"):
     _lowered_train_step(jnp.float32, "mosaic")
   with pytest.raises(ValueError, match="needs M to be a multiple of 64, got 552"):
     _lowered_train_step(jnp.bfloat16, "mosaic", d_model=552)
+
+
+def test_mosaic_refuses_tiles_that_do_not_divide_the_matrix():
+  """A 256-wide tile on N = 128 once ran as no work at all (block sweep on an H200)."""
+  x = jnp.zeros((16, 64), jnp.bfloat16)
+  groups = slot_layout.sorted_layout(jnp.zeros((16,), jnp.int32), 2).groups
+  with pytest.raises(ValueError, match="blocks.cols=256 must divide N=128"):
+    mosaic_matmul.segment_matmul(x, jnp.zeros((2, 64, 128), jnp.bfloat16), groups,
+                                 transpose_w=False, out_dtype=jnp.bfloat16,
+                                 blocks=mosaic_matmul.MatmulBlocks(64, 256, 64, 4))
+  with pytest.raises(ValueError, match="blocks.rows_m=128 must divide M=64"):
+    mosaic_weight_grad.weight_grad(x, jnp.zeros((16, 128), jnp.bfloat16), groups,
+                                   out_dtype=jnp.bfloat16,
+                                   blocks=mosaic_weight_grad.WeightGradBlocks(128, 128, 64, 4))
