@@ -1,6 +1,7 @@
 """Block-size sweep of the Pallas cvmm kernels (Triton and Mosaic GPU) on a GPU.
 
-    python -m benchmarks.tune_blocks --out DIR [--tokens 32768 --d_model 1024 --experts 128]
+    python -m benchmarks.tune_blocks --out DIR [--budget_s 120]
+        [--tokens 32768 --d_model 1024 --experts 128]
 
 Times each kernel alone (forward, input gradient, weight gradient) for the sigma-MoE up
 projection (K = d_model, N = G) and down projection (K = G, N = d_model), bf16, uniform
@@ -8,14 +9,19 @@ random top-K routing, over a small grid of tile shapes, and reports per kernel a
 projection the default tiles' time, the best tiles and their time. Tiles that do not fit
 (shared memory, registers) fail to compile and are recorded as errors. The defaults live
 beside each kernel (`matmul_blocks`, `weight_grad_blocks`); this script only measures.
+`--budget_s` shares its seconds equally between the (kernel, projection) sweeps: a sweep
+stops starting tiles once its share has passed (the rest read "skipped: time budget"), and
+the JSON is rewritten after every sweep, so a run that is killed keeps what it measured.
 `--smoke` runs tiny shapes on CPU (Triton in interpret mode; Mosaic GPU cannot run there).
 """
 
 import argparse
 import itertools
 import json
+import math
 import os
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +52,8 @@ def _parse(argv):
   parser.add_argument("--k", type=int, default=4)
   parser.add_argument("--experts", type=int, default=128)
   parser.add_argument("--repeats", type=int, default=10)
+  parser.add_argument("--budget_s", type=float, default=None,
+                      help="seconds for the whole sweep (default: no limit)")
   parser.add_argument("--smoke", action="store_true", help="tiny shapes, CPU, 2 tiles each")
   return parser.parse_args(argv)
 
@@ -84,11 +92,16 @@ def _kernel_calls(problem, interpret: bool) -> dict:
   }
 
 
-def _sweep(candidates, run, repeats: int) -> list[dict]:
-  """One row per candidate (None = the kernel's default tiles): ms, or the error."""
+def _sweep(candidates, run, repeats: int, deadline: float) -> list[dict]:
+  """One row per candidate (None = the kernel's default tiles): ms, or the error; candidates
+  not started by `deadline` (time.monotonic()) are recorded as skipped."""
   rows = []
   for blocks in [None, *candidates]:
     row = {"blocks": "default" if blocks is None else vars(blocks)}
+    if time.monotonic() > deadline:
+      row["error"] = "skipped: time budget"
+      rows.append(row)
+      continue
     try:
       row["ms"] = cvmm_benchmark.time_interleaved_ms({"tiles": (run, (blocks,))},
                                                      repeats)["tiles"]
@@ -125,19 +138,23 @@ def main(argv=None) -> list[dict]:
   elif jax.default_backend() != "gpu":
     sys.exit("no GPU found: run with --smoke to check the sweep on CPU")
   projections = {"up": (args.d_model, args.group), "down": (args.group, args.d_model)}
+  os.makedirs(args.out, exist_ok=True)
+  meta = {"device": jax.devices()[0].device_kind, "jax": jax.__version__,
+          "argv": argv or sys.argv[1:], "budget_s": args.budget_s,
+          "shapes": {k: getattr(args, k) for k in ("tokens", "d_model", "group", "k", "experts")}}
+  start, num_sweeps = time.monotonic(), len(projections) * len(_kernel_calls({}, False))
   summaries, details = [], {}
   for projection, (size_k, size_n) in projections.items():
     problem = _problem(args.tokens, args.k, args.experts, size_k, size_n)
     for name, (candidates, run) in _kernel_calls(problem, interpret=args.smoke).items():
       print(f"tune_blocks: {name} {projection} (K {size_k}, N {size_n})", file=sys.stderr)
-      rows = _sweep(candidates[:2] if args.smoke else candidates, run, args.repeats)
+      share = (len(summaries) + 1) / num_sweeps
+      deadline = math.inf if args.budget_s is None else start + share * args.budget_s
+      rows = _sweep(candidates[:2] if args.smoke else candidates, run, args.repeats, deadline)
       details[f"{name}/{projection}"] = rows
       summaries.append(_summary(name, projection, rows))
-  os.makedirs(args.out, exist_ok=True)
-  meta = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "argv": argv or sys.argv[1:],
-          "shapes": {k: getattr(args, k) for k in ("tokens", "d_model", "group", "k", "experts")}}
-  with open(os.path.join(args.out, "tune_blocks.json"), "w") as f:
-    json.dump({"meta": meta, "summary": summaries, "details": details}, f, indent=1)
+      with open(os.path.join(args.out, "tune_blocks.json"), "w") as f:
+        json.dump({"meta": meta, "summary": summaries, "details": details}, f, indent=1)
   print(_markdown(summaries))
   return summaries
 

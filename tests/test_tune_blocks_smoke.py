@@ -24,3 +24,12 @@ def test_sweep_reports_the_best_tiles_and_records_failures(tmp_path):
     else:  # Mosaic GPU has no interpret mode: every candidate is a recorded error.
       assert s["failed"] == s["tried"] == len(rows) and s["best_ms"] is None
       assert all("error" in r for r in rows)
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="the CPU smoke run")
+def test_a_spent_budget_skips_the_remaining_tiles(tmp_path):
+  summaries = tune_blocks.main(["--smoke", "--budget_s", "0", "--out", str(tmp_path)])
+  details = json.loads((tmp_path / "tune_blocks.json").read_text())["details"]
+  assert all(s["best_ms"] is None for s in summaries)
+  assert all(row == {"blocks": row["blocks"], "error": "skipped: time budget"}
+             for rows in details.values() for row in rows)
