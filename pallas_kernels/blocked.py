@@ -24,9 +24,11 @@ from jax import lax
 from pallas_kernels import slot_layout
 
 # Rows per block. Each expert group is padded to a multiple of it, so larger blocks pad more
-# (< `block` rows per expert) but run fewer, larger matmuls. On a 2-core CPU (the benchmark
-# layer, N_E 32 and 128) no size of {64, 128, 256} was better at both; 128 is kept.
-BLOCK_ROWS = 128
+# (< `block` rows per expert) but run fewer, larger matmuls. On a 2-core CPU (the sigma-MoE
+# layer of benchmarks/cvmm.py, 4096 tokens, K 4) 256-row blocks ran the layer 20-50% faster
+# than 128-row ones at N_E 8 to 64, where experts average 256 rows or more, and 512 slower;
+# at N_E 128 (128 rows per expert) 128 and 256 were alike within the machine's noise.
+BLOCK_ROWS = (128, 256)
 
 
 class BlockGroups(NamedTuple):
@@ -45,9 +47,17 @@ def num_blocks(num_slots: int, num_experts: int, block: int) -> int:
   return (num_slots + min(num_experts, num_slots) * (block - 1)) // block
 
 
+def block_rows(num_slots: int, num_experts: int) -> int:
+  """The larger block when experts average at least that many rows, else the smaller one;
+  never more rows than there are slots."""
+  small, large = BLOCK_ROWS
+  block = large if num_slots >= large * num_experts else small
+  return min(block, num_slots)
+
+
 def make_layout(sel_s: jax.Array, num_experts: int) -> slot_layout.SlotLayout:
-  """The padded layout with `BLOCK_ROWS`-row blocks (fewer when there are fewer slots)."""
-  return padded_layout(sel_s, num_experts, min(BLOCK_ROWS, sel_s.shape[0]))
+  """The padded layout with `block_rows` rows per block."""
+  return padded_layout(sel_s, num_experts, block_rows(sel_s.shape[0], num_experts))
 
 
 def padded_layout(sel_s: jax.Array, num_experts: int, block: int) -> slot_layout.SlotLayout:
@@ -80,7 +90,7 @@ def _varying_axes(a: jax.Array) -> frozenset:
   return frozenset(getattr(getattr(aval, "manual_axis_type", None), "varying", ()))
 
 
-def _zeros_varying_like(shape, dtype, *operands: jax.Array) -> jax.Array:
+def zeros_varying_like(shape, dtype, *operands: jax.Array) -> jax.Array:
   """Zeros to start a loop's output with, varying over the mesh axes its operands vary
   over inside `shard_map` (a loop's carry must keep one type; elsewhere plain zeros)."""
   axes = frozenset().union(*map(_varying_axes, operands))
@@ -108,7 +118,7 @@ def matmul(layout: slot_layout.SlotLayout, x_rm: jax.Array, w_eml: jax.Array, *,
                            preferred_element_type=jnp.float32)
     return lax.dynamic_update_slice_in_dim(y_rx, y_cx.astype(out_dtype), b * block, 0)
 
-  y_rx = _zeros_varying_like((x_rm.shape[0], size_out), out_dtype, x_rm, w_eml)
+  y_rx = zeros_varying_like((x_rm.shape[0], size_out), out_dtype, x_rm, w_eml)
   return lax.fori_loop(0, used, one_block, y_rx)
 
 
@@ -126,6 +136,6 @@ def weight_grad(layout: slot_layout.SlotLayout, x_rm: jax.Array, dy_rl: jax.Arra
     dw_ml = dw_ml + lax.dynamic_index_in_dim(dw_eml, e, keepdims=False)
     return lax.dynamic_update_index_in_dim(dw_eml, dw_ml, e, 0)
 
-  dw_eml = _zeros_varying_like((num_experts, x_rm.shape[1], dy_rl.shape[1]), jnp.float32,
+  dw_eml = zeros_varying_like((num_experts, x_rm.shape[1], dy_rl.shape[1]), jnp.float32,
                                x_rm, dy_rl)
   return lax.fori_loop(0, used, one_block, dw_eml).astype(out_dtype)

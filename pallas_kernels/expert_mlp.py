@@ -15,7 +15,8 @@ width at the paper's sizes):
     dg_r = <da_r, a_r>                    dw_down[e] = sum_r (g_r a_r)^T dy_r
     dh_r = act'(h_r) * drop(g_r da_r)     dx_r = dh_r @ w_up[e]^T,  dw_up[e] = sum_r x_r^T dh_r
 
-Every impl of `backends` runs through it; "gather" is the oracle (`gather_oracle`).
+Every impl of `backends` runs through it; "gather" is the oracle (`gather_oracle`). The
+"blocked" impl (CPUs) runs the same steps block by block in one loop per pass (below).
 """
 
 import functools
@@ -23,8 +24,10 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from pallas_kernels import backends
+from pallas_kernels import blocked
 from pallas_kernels import gather_oracle
 from pallas_kernels import slot_layout
 
@@ -109,6 +112,130 @@ def _fused_bwd(backend, activation, rate, residuals, dy_nd):
 _fused.defvjp(_fused_fwd, _fused_bwd)
 
 
+# impl "blocked": the whole layer as one loop over row blocks (the CPU path).
+#
+# The generic path above runs each projection as its own loop over the blocked layout and moves
+# whole [R, d_model] arrays between them: the token rows gathered into expert order, the down
+# projection's rows gathered back and summed, and in the backward the cotangent's rows, dx's
+# rows and the token rows once more. On a 2-core CPU those gathers took two fifths of the
+# layer's stage time (`benchmarks/cvmm_profile.py`), nearly the matmuls' share. Here each block
+# of rows does all its work in one iteration, while its rows are in cache: it gathers its own
+# token rows by index, runs the up projection, the hidden units and the down projection, and
+# adds its rows into the token outputs; the backward's loop does the same with the four gradient
+# matmuls. Only the pre-activations h [R, G] are kept between the passes. Rounding follows
+# `_fused` step by step, and padding rows (slot id S) read zeros and are dropped when added
+# back, so a NaN in one expert's weights reaches only its slots.
+
+
+def _block_rows(layout: slot_layout.SlotLayout, b):
+  """Slot ids of block b's rows (S for padding) and the block's expert."""
+  block = layout.row_slot_r.shape[0] // layout.groups.expert_b.shape[0]
+  return (lax.dynamic_slice_in_dim(layout.row_slot_r, b * block, block),
+          layout.groups.expert_b[b])
+
+
+def _rows(values_s, slots_c, index_of_slot=lambda s: s):
+  """values[index_of_slot(slot)] for each row, zeros for padding rows (out of range)."""
+  return jnp.take(values_s, index_of_slot(slots_c), axis=0, mode="fill", fill_value=0)
+
+
+def _dot(a, b, contract):
+  """A block's matmul, contracting `contract` = ((a's dims), (b's dims)), f32 accumulation."""
+  return lax.dot_general(a, b, (contract, ((), ())), precision=blocked.full_precision(a.dtype),
+                         preferred_element_type=jnp.float32)
+
+
+def _blocked_forward(activation, rate, layout, k, x_nd, g_s, keep_sg, w_up_edg, w_down_egd):
+  """y [N, d] (f32) and the pre-activations h [R, G]."""
+  token = lambda s: s // k
+
+  def one_block(b, carry):
+    y_nd, h_rg = carry
+    slots_c, e = _block_rows(layout, b)
+    x_cd = _rows(x_nd, slots_c, token)
+    h_cg = _dot(x_cd, w_up_edg[e], ((1,), (0,))).astype(x_nd.dtype)
+    keep_cg = None if keep_sg is None else _rows(keep_sg, slots_c)
+    _, ga_cg = _hidden(activation, rate, h_cg, keep_cg, _rows(g_s, slots_c))
+    z_cd = _dot(ga_cg, w_down_egd[e], ((1,), (0,)))
+    y_nd = y_nd.at[token(slots_c)].add(z_cd, mode="drop")
+    return y_nd, lax.dynamic_update_slice_in_dim(h_rg, h_cg, b * slots_c.shape[0], 0)
+
+  operands = (x_nd, g_s, w_up_edg, w_down_egd)
+  init = (blocked.zeros_varying_like((x_nd.shape[0], w_down_egd.shape[2]), jnp.float32,
+                                     *operands),
+          blocked.zeros_varying_like((layout.row_slot_r.shape[0], w_up_edg.shape[2]),
+                                     x_nd.dtype, *operands))
+  return lax.fori_loop(0, layout.groups.used, one_block, init)
+
+
+def _blocked_backward(activation, rate, layout, k, x_nd, g_s, keep_sg, w_up_edg, w_down_egd,
+                      h_rg, dy_nd):
+  """dx [N, d], dgates [S], dw_up [E, d, G], dw_down [E, G, d], all f32."""
+  token = lambda s: s // k
+  dy_nd = dy_nd.astype(x_nd.dtype)
+
+  def one_block(b, carry):
+    dx_nd, dg_s, dw_up, dw_down = carry
+    slots_c, e = _block_rows(layout, b)
+    h_cg = lax.dynamic_slice_in_dim(h_rg, b * slots_c.shape[0], slots_c.shape[0])
+    g_c = _rows(g_s, slots_c)
+    keep_cg = None if keep_sg is None else _rows(keep_sg, slots_c)
+    a_cg, ga_cg = _hidden(activation, rate, h_cg, keep_cg, g_c)
+    dy_cd = _rows(dy_nd, slots_c, token)
+    da_cg = _dot(dy_cd, w_down_egd[e], ((1,), (1,)))
+    dg_s = dg_s.at[slots_c].set(jnp.sum(da_cg * a_cg.astype(jnp.float32), axis=-1),
+                                mode="drop", unique_indices=True)
+    dw_down = dw_down.at[e].add(_dot(ga_cg, dy_cd, ((0,), (0,))))
+    _, activation_vjp = jax.vjp(activation, h_cg.astype(jnp.float32))
+    dh_cg, = activation_vjp(_dropout(da_cg * g_c[:, None], keep_cg, rate))
+    dh_cg = dh_cg.astype(x_nd.dtype)
+    dx_nd = dx_nd.at[token(slots_c)].add(_dot(dh_cg, w_up_edg[e], ((1,), (1,))), mode="drop")
+    dw_up = dw_up.at[e].add(_dot(_rows(x_nd, slots_c, token), dh_cg, ((0,), (0,))))
+    return dx_nd, dg_s, dw_up, dw_down
+
+  operands = (x_nd, dy_nd, g_s, w_up_edg, w_down_egd, h_rg)
+  init = (blocked.zeros_varying_like(x_nd.shape, jnp.float32, *operands),
+          blocked.zeros_varying_like(g_s.shape, jnp.float32, *operands),
+          blocked.zeros_varying_like(w_up_edg.shape, jnp.float32, *operands),
+          blocked.zeros_varying_like(w_down_egd.shape, jnp.float32, *operands))
+  return lax.fori_loop(0, layout.groups.used, one_block, init)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _blocked(activation, rate, x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, keep_nkg):
+  y, _ = _blocked_fwd(activation, rate, x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd,
+                         keep_nkg)
+  return y
+
+
+def _slot_inputs(gates_nk, keep_nkg):
+  keep_sg = None if keep_nkg is None else keep_nkg.reshape(-1, keep_nkg.shape[-1])
+  return gates_nk.reshape(-1).astype(jnp.float32), keep_sg
+
+
+def _blocked_fwd(activation, rate, x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, keep_nkg):
+  k = sel_nk.shape[1]
+  layout = blocked.make_layout(sel_nk.reshape(-1), w_up_edg.shape[0])
+  g_s, keep_sg = _slot_inputs(gates_nk, keep_nkg)
+  y_nd, h_rg = _blocked_forward(activation, rate, layout, k, x_nd, g_s, keep_sg, w_up_edg,
+                                w_down_egd)
+  residuals = (x_nd, gates_nk, w_up_edg, w_down_egd, keep_nkg, layout, h_rg)
+  return y_nd.astype(x_nd.dtype), residuals
+
+
+def _blocked_bwd(activation, rate, residuals, dy_nd):
+  x_nd, gates_nk, w_up_edg, w_down_egd, keep_nkg, layout, h_rg = residuals
+  g_s, keep_sg = _slot_inputs(gates_nk, keep_nkg)
+  dx_nd, dg_s, dw_up, dw_down = _blocked_backward(activation, rate, layout, gates_nk.shape[1],
+                                                  x_nd, g_s, keep_sg, w_up_edg, w_down_egd,
+                                                  h_rg, dy_nd)
+  return (dx_nd.astype(x_nd.dtype), None, dg_s.reshape(gates_nk.shape).astype(gates_nk.dtype),
+          dw_up.astype(w_up_edg.dtype), dw_down.astype(w_down_egd.dtype), None)
+
+
+_blocked.defvjp(_blocked_fwd, _blocked_bwd)
+
+
 def _check_inputs(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd) -> None:
   """Raise a ValueError naming the offending argument if the call breaks the contract."""
   if w_up_edg.ndim != 3 or w_down_egd.ndim != 3:
@@ -162,5 +289,8 @@ def expert_mlp(x_nd: jax.Array, sel_nk: jax.Array, gates_nk: jax.Array, w_up_edg
     return gather_oracle.expert_mlp_gather(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd,
                                            activation=activation, keep_nkg=keep_nkg,
                                            dropout_rate=dropout_rate)
+  if impl == "blocked":
+    return _blocked(activation, dropout_rate, x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd,
+                    keep_nkg)
   return _fused(backends.backend(impl), activation, dropout_rate, x_nd, sel_nk, gates_nk,
                 w_up_edg, w_down_egd, keep_nkg)

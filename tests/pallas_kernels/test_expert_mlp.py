@@ -152,3 +152,24 @@ def test_invalid_inputs_raise_naming_the_argument(override, argument):
   kwargs = {**good, **override}
   with pytest.raises(ValueError, match=f"^{argument} "):
     expert_mlp(kwargs["x"], kwargs["sel"], kwargs["gates"], kwargs["w_up"], kwargs["w_down"])
+
+
+@pytest.mark.parametrize("where", ["token", "expert"])
+def test_blocked_nans_reach_only_their_outputs(where):
+  """The blocked loop's padding rows read zeros and are dropped when added back: a NaN in one
+  token's row reaches only that token's output, one in an expert's weights only the outputs of
+  the tokens routed to it (and that expert's own weight gradients)."""
+  inputs = {name: np.array(a) for name, a in
+            _inputs(Case(300, 2, 8, 16, 16, "random", "float32"), seed=5).items()}
+  if where == "token":
+    inputs["x"][7, 3] = np.nan
+    poisoned = np.arange(300) == 7
+  else:
+    inputs["w_down"][3, 0, 0] = np.nan
+    poisoned = (inputs["sel"] == 3).any(axis=1)
+  y, (dx, _, dw_up, _) = _run(inputs, "blocked")
+  y, dx = np.asarray(y), np.asarray(dx)
+  assert np.isnan(y[poisoned]).any(axis=1).all() and not np.isnan(y[~poisoned]).any()
+  if where == "expert":
+    assert not np.isnan(dx[~poisoned]).any()
+    assert not np.isnan(np.delete(np.asarray(dw_up), 3, axis=0)).any()
