@@ -1,30 +1,37 @@
-"""The paper's comparison at small scale: same-size FF approximations trained alike.
+"""The paper's comparison at small scale: same-size FF approximations trained alike, over seeds
+and corpora.
 
-    python -m benchmarks.quality_small [--steps=1000] [--out=benchmarks/quality_small.json]
+    python -m benchmarks.quality_small [--seeds=0,1,2] [--corpora=builtin,prose] [--steps=1000]
+    python -m benchmarks.quality_small --config=quality_medium --seeds=0,1,2 --corpora=builtin,prose
 
 Trains `configs/quality_small.py` once per variant (parameter-matched dense, sigma-MoE,
-Switch, S-BASE, PKM-relu, PKM-softmax, Top-K) on `builtin` for the same number of steps,
-then prints one table (validation bits per byte, parameters, % of the dense FF FLOPs, step
-time) and writes it as JSON.
+Switch, S-BASE, PKM-relu, PKM-softmax, Top-K), or `configs/quality_medium.py` (dense and
+sigma-MoE with the paper's expert shape), per seed (initialisation, dropout and routing
+noise) and corpus: `builtin` (Python sources) and `prose` (Vim's documentation,
+`benchmarks/prose_corpus.py`). Each run lives in `WORKDIR/<config>/<corpus>/<variant>/seed<N>`
+and leaves its result there as `result.json`: a finished run is read back, not redone, and
+an interrupted one resumes from its checkpoint. Prints per corpus a table of validation bits
+per byte as mean +- standard deviation over the seeds, and each variant's difference to dense
+(paired by seed, in percent of dense) with its spread; writes every run and the summary as
+JSON.
 """
 
 import argparse
 import json
 import os
-import platform
-import tempfile
+import statistics
 import time
 
-import jax
-
-from configs import quality_small
+from benchmarks import prose_corpus
+from benchmarks.machine import machine_info, write_result
+from configs import quality_medium, quality_small
 from sparse_jax.models.accounting import model_report
 from sparse_jax.tasks import train_and_evaluate
 
 # Every variant has the dense FF's 132k parameters per layer (within 1.2%, PKM), in the form
 # the sigma-MoE authors ran it (docs/sigma_moe.md "Feed-forward kinds"): Switch with G = K*G, N_E / K
 # experts, no capacity limit; S-BASE per sequence; PKM with knn >= sub-keys (dense path).
-VARIANTS = {
+SMALL_VARIANTS = {
     "dense": {"kind": "dense", "d_ff": 514},
     "sigma_moe": {"kind": "sigma_moe", "n_experts": 8, "expert_size": 64, "k": 2,
                   "expert_dropout": 0.05, "reg_coef": 0.0001},
@@ -35,6 +42,17 @@ VARIANTS = {
     "pkm_softmax": {"kind": "pkm", "n_subkeys": 30, "knn": 128, "activation": "softmax"},
     "topk": {"kind": "topk", "d_ff": 514, "k": 128},
 }
+CONFIGS = {"quality_small": tuple(SMALL_VARIANTS), "quality_medium": quality_medium.VARIANTS}
+CORPORA = ("builtin", "prose")
+RESULT_FILE = "result.json"
+
+
+def variant_config(config_name: str, variant: str):
+  if config_name == "quality_medium":
+    return quality_medium.get_config(variant)
+  config = quality_small.get_config()
+  config.model.ff = SMALL_VARIANTS[variant]
+  return config
 
 
 def step_seconds(workdir: str, tokens_per_step: int) -> float:
@@ -44,46 +62,112 @@ def step_seconds(workdir: str, tokens_per_step: int) -> float:
   return tokens_per_step / rates[len(rates) // 2]
 
 
-def run_variant(name: str, steps: int, root: str) -> dict:
-  config = quality_small.get_config()
-  config.model.ff = VARIANTS[name]
-  config.train.update(steps=steps, warmup_steps=min(100, steps // 10), eval_every=steps,
-                      ckpt_every=steps)
-  workdir = os.path.join(root, name)
+def run(config_name: str, corpus: str, variant: str, seed: int, steps: int | None,
+        root: str) -> dict:
+  """One training run, or its saved result when it has finished before."""
+  workdir = os.path.join(root, config_name, corpus, variant, f"seed{seed}")
+  result_path = os.path.join(workdir, RESULT_FILE)
+  if os.path.exists(result_path):
+    with open(result_path) as f:
+      return json.load(f)
+  config = variant_config(config_name, variant)
+  config.seed = seed
+  if corpus == "prose":
+    config.data.update(prose_corpus.data_overrides(prose_corpus.prepare(root)))
+  if steps is not None:
+    config.train.update(steps=steps, eval_every=min(config.train.eval_every, steps),
+                        ckpt_every=min(config.train.ckpt_every, steps))
   started = time.perf_counter()
   final = train_and_evaluate(config, workdir)
   report = model_report(config.model)
-  tokens = config.data.batch_size * config.data.seq_len
-  return {"variant": name, "valid_bits_per_byte": final["bits_per_byte"],
-          "params": report["total_params"],
-          "ff_flops_percent": report["ff_flops_percent_of_dense"],
-          "step_ms": 1000 * step_seconds(workdir, tokens),
-          "wall_s": time.perf_counter() - started}
-
-
-def print_table(rows: list[dict]) -> None:
-  print(f"{'variant':<12} {'valid bpb':>9} {'params':>10} {'% FF FLOPs':>10} {'step ms':>8}")
-  for r in rows:
-    print(f"{r['variant']:<12} {r['valid_bits_per_byte']:>9.4f} {r['params']:>10,d} "
-          f"{r['ff_flops_percent']:>10.1f} {r['step_ms']:>8.1f}")
-
-
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--steps", type=int, default=1000)
-  parser.add_argument("--variants", default=",".join(VARIANTS))
-  parser.add_argument("--out", default="benchmarks/quality_small.json")
-  parser.add_argument("--workdir", default=None, help="Where runs go (default: a temp dir).")
-  args = parser.parse_args()
-  root = args.workdir or tempfile.mkdtemp(prefix="quality_small_")
-  rows = [run_variant(name, args.steps, root) for name in args.variants.split(",")]
-  print_table(rows)
-  result = {"machine": f"{platform.processor() or platform.machine()}, "
-                       f"{os.cpu_count()} cores, {jax.default_backend()}",
-            "jax": jax.__version__, "steps": args.steps, "rows": rows}
-  with open(args.out, "w") as f:
+  result = {"config": config_name, "corpus": corpus, "variant": variant, "seed": seed,
+            "steps": config.train.steps, "valid_bits_per_byte": final["bits_per_byte"],
+            "params": report["total_params"],
+            "ff_flops_percent": report["ff_flops_percent_of_dense"],
+            "step_ms": 1000 * step_seconds(workdir, config.data.batch_size
+                                           * config.data.seq_len),
+            "wall_s": time.perf_counter() - started}
+  with open(result_path, "w") as f:
     json.dump(result, f, indent=2)
-  print(f"wrote {args.out}")
+  return result
+
+
+def _mean_sd(values: list[float]) -> tuple[float, float | None]:
+  return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def summarise(runs: list[dict]) -> list[dict]:
+  """Per (corpus, variant): bits per byte mean and sd over seeds, and the difference to dense
+  of the same corpus and seed, in percent of dense, mean and sd (dense itself: none)."""
+  by_key = {(r["corpus"], r["variant"], r["seed"]): r for r in runs}
+  rows = []
+  for corpus, variant in dict.fromkeys((r["corpus"], r["variant"]) for r in runs):
+    seeds = sorted(s for c, v, s in by_key if (c, v) == (corpus, variant))
+    bpb = [by_key[corpus, variant, s]["valid_bits_per_byte"] for s in seeds]
+    mean, sd = _mean_sd(bpb)
+    row = {"corpus": corpus, "variant": variant, "seeds": seeds, "bpb_mean": mean,
+           "bpb_sd": sd, "diff_percent_mean": None, "diff_percent_sd": None,
+           "params": by_key[corpus, variant, seeds[0]]["params"]}
+    paired = [s for s in seeds if (corpus, "dense", s) in by_key]
+    if variant != "dense" and paired:
+      diffs = [100 * (by_key[corpus, variant, s]["valid_bits_per_byte"]
+                      / by_key[corpus, "dense", s]["valid_bits_per_byte"] - 1) for s in paired]
+      row["diff_percent_mean"], row["diff_percent_sd"] = _mean_sd(diffs)
+    rows.append(row)
+  return rows
+
+
+def format_table(rows: list[dict]) -> str:
+  lines = ["| corpus | variant | seeds | valid bpb (mean +- sd) | vs dense, % (mean +- sd) | "
+           "params |", "|---|---|---:|---:|---:|---:|"]
+  pm = lambda mean, sd, fmt: "-" if mean is None else (
+      f"{mean:{fmt}}" + ("" if sd is None else f" +- {sd:{fmt}}"))
+  for r in rows:
+    lines.append(f"| {r['corpus']} | {r['variant']} | {len(r['seeds'])} | "
+                 f"{pm(r['bpb_mean'], r['bpb_sd'], '.4f')} | "
+                 f"{pm(r['diff_percent_mean'], r['diff_percent_sd'], '+.2f')} | "
+                 f"{r['params']:,} |")
+  return "\n".join(lines)
+
+
+def _names(text: str, allowed, what: str) -> list[str]:
+  names = [n for n in text.split(",") if n]
+  unknown = [n for n in names if n not in allowed]
+  if unknown or not names:
+    raise SystemExit(f"--{what} must be a comma-separated subset of {list(allowed)}; "
+                     f"got {text!r}")
+  return names
+
+
+def main(argv=None) -> dict:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--config", default="quality_small", choices=sorted(CONFIGS))
+  parser.add_argument("--variants", default=None, help="default: all of the config's")
+  parser.add_argument("--seeds", default="0", help="comma-separated seeds")
+  parser.add_argument("--corpora", default="builtin", help=f"comma-separated, of {CORPORA}")
+  parser.add_argument("--steps", type=int, default=None, help="default: the config's")
+  parser.add_argument("--workdir", default="runs/quality",
+                      help="where runs go; a finished run found there is not redone")
+  parser.add_argument("--out", default=None,
+                      help="JSON path (default: benchmarks/<config>.json)")
+  args = parser.parse_args(argv)
+  variants = _names(args.variants or ",".join(CONFIGS[args.config]), CONFIGS[args.config],
+                    "variants")
+  corpora = _names(args.corpora, CORPORA, "corpora")
+  seeds = [int(s) for s in args.seeds.split(",") if s]
+  machine = machine_info()
+  runs = []
+  for corpus in corpora:
+    for seed in seeds:
+      for variant in variants:
+        print(f"{args.config} {corpus} {variant} seed {seed}", flush=True)
+        runs.append(run(args.config, corpus, variant, seed, args.steps, args.workdir))
+  rows = summarise(runs)
+  print(format_table(rows))
+  out = args.out or f"benchmarks/{args.config}.json"
+  result = {"machine": machine, "args": vars(args), "summary": rows, "runs": runs}
+  write_result(result, out)
+  return result
 
 
 if __name__ == "__main__":

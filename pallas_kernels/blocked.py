@@ -25,7 +25,7 @@ from pallas_kernels import slot_layout
 
 # Rows per block. Each expert group is padded to a multiple of it, so larger blocks pad more
 # (< `block` rows per expert) but run fewer, larger matmuls. On a 2-core CPU (the sigma-MoE
-# layer of benchmarks/cvmm.py, 4096 tokens, K 4) 256-row blocks ran the layer 20-50% faster
+# layer of benchmarks/cvmm.py, 4096 tokens, K 4) 256-row blocks ran the layer 15-50% faster
 # than 128-row ones at N_E 8 to 64, where experts average 256 rows or more, and 512 slower;
 # at N_E 128 (128 rows per expert) 128 and 256 were alike within the machine's noise.
 BLOCK_ROWS = (128, 256)
@@ -137,5 +137,5 @@ def weight_grad(layout: slot_layout.SlotLayout, x_rm: jax.Array, dy_rl: jax.Arra
     return lax.dynamic_update_index_in_dim(dw_eml, dw_ml, e, 0)
 
   dw_eml = zeros_varying_like((num_experts, x_rm.shape[1], dy_rl.shape[1]), jnp.float32,
-                               x_rm, dy_rl)
+                              x_rm, dy_rl)
   return lax.fori_loop(0, used, one_block, dw_eml).astype(out_dtype)

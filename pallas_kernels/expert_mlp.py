@@ -183,8 +183,9 @@ def _blocked_backward(activation, rate, layout, k, x_nd, g_s, keep_sg, w_up_edg,
     a_cg, ga_cg = _hidden(activation, rate, h_cg, keep_cg, g_c)
     dy_cd = _rows(dy_nd, slots_c, token)
     da_cg = _dot(dy_cd, w_down_egd[e], ((1,), (1,)))
+    # Padding rows all carry slot id S, which is out of range: they are dropped.
     dg_s = dg_s.at[slots_c].set(jnp.sum(da_cg * a_cg.astype(jnp.float32), axis=-1),
-                                mode="drop", unique_indices=True)
+                                mode="drop")
     dw_down = dw_down.at[e].add(_dot(ga_cg, dy_cd, ((0,), (0,))))
     _, activation_vjp = jax.vjp(activation, h_cg.astype(jnp.float32))
     dh_cg, = activation_vjp(_dropout(da_cg * g_c[:, None], keep_cg, rate))
@@ -203,8 +204,9 @@ def _blocked_backward(activation, rate, layout, k, x_nd, g_s, keep_sg, w_up_edg,
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _blocked(activation, rate, x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, keep_nkg):
+  """`expert_mlp` on impl "blocked" (ids already clipped): the two loops above."""
   y, _ = _blocked_fwd(activation, rate, x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd,
-                         keep_nkg)
+                      keep_nkg)
   return y
 
 

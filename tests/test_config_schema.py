@@ -6,9 +6,9 @@ from typing import Literal
 import ml_collections
 import pytest
 
-from configs import (default, default_dense, dense_paper, e8_dense, moe_variants, quality_small,
-                     scaling_small, sigma_moe_paper, wt103_b_dense, wt103_b_one_gpu,
-                     wt103_s_dense)
+from configs import (default, default_dense, dense_paper, e8_dense, moe_variants, quality_medium,
+                     quality_small, scaling_small, sigma_moe_paper, wt103_b_dense,
+                     wt103_b_one_gpu, wt103_s_dense)
 from sparse_jax import schema
 from sparse_jax.config_overrides import switch_kinds, tagged_sections
 from sparse_jax.data import classification, datasets
@@ -313,6 +313,8 @@ def _lm_configs():
   yield "default", default.get_config()
   yield "default_dense", default_dense.get_config()
   yield "quality_small", quality_small.get_config()
+  for variant in quality_medium.VARIANTS:
+    yield f"quality_medium:{variant}", quality_medium.get_config(variant)
   yield "e8_dense", e8_dense.get_config()
   yield "wt103_s_dense", wt103_s_dense.get_config()
   yield "wt103_b_dense", wt103_b_dense.get_config()

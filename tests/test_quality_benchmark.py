@@ -1,0 +1,89 @@
+"""benchmarks/quality_small.py's bookkeeping (seeds, error bars, resuming) and its prose corpus,
+without training: `train_and_evaluate` is replaced by a stub that records its calls."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from benchmarks import prose_corpus, quality_small
+from configs import quality_medium
+from sparse_jax.models.accounting import model_report
+
+
+def _run(corpus, variant, seed, bpb):
+  return {"corpus": corpus, "variant": variant, "seed": seed, "valid_bits_per_byte": bpb,
+          "params": 1000}
+
+
+def test_summary_is_mean_and_sd_over_seeds_and_the_paired_difference_to_dense():
+  dense, moe = [2.56, 2.55, 2.54], [2.59, 2.60, 2.61]
+  runs = [_run("prose", "dense", s, b) for s, b in enumerate(dense)]
+  runs += [_run("prose", "sigma_moe", s, b) for s, b in enumerate(moe)]
+  rows = {r["variant"]: r for r in quality_small.summarise(runs)}
+  np.testing.assert_allclose([rows["dense"]["bpb_mean"], rows["dense"]["bpb_sd"]],
+                             [np.mean(dense), np.std(dense, ddof=1)])
+  diffs = 100 * (np.array(moe) / np.array(dense) - 1)
+  np.testing.assert_allclose(
+      [rows["sigma_moe"]["diff_percent_mean"], rows["sigma_moe"]["diff_percent_sd"]],
+      [diffs.mean(), diffs.std(ddof=1)])
+  assert rows["dense"]["diff_percent_mean"] is None
+  table = quality_small.format_table(list(rows.values()))
+  assert f"{np.mean(moe):.4f} +- {np.std(moe, ddof=1):.4f}" in table
+
+
+def test_a_finished_run_is_read_back_not_redone(tmp_path, monkeypatch):
+  calls = []
+
+  def fake_train(config, workdir):
+    calls.append((config.seed, config.model.ff.kind, workdir))
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+      f.write(json.dumps({"split": "train", "tokens_per_second": 1000.0}) + "\n")
+    return {"bits_per_byte": 2.5 + config.seed}
+
+  monkeypatch.setattr(quality_small, "train_and_evaluate", fake_train)
+  args = ["--variants=dense,sigma_moe", "--seeds=0,1", "--steps=10",
+          f"--workdir={tmp_path}", f"--out={tmp_path / 'out.json'}"]
+  first = quality_small.main(args)
+  assert [(seed, kind) for seed, kind, _ in calls] == [
+      (0, "dense"), (0, "sigma_moe"), (1, "dense"), (1, "sigma_moe")]
+  assert calls[3][2] == str(tmp_path / "quality_small" / "builtin" / "sigma_moe" / "seed1")
+  second = quality_small.main(args)
+  assert len(calls) == 4 and second["runs"] == first["runs"]
+  assert json.loads((tmp_path / "out.json").read_text())["summary"] == second["summary"]
+
+
+def test_unknown_variants_and_corpora_are_refused():
+  with pytest.raises(SystemExit, match="--corpora must be a comma-separated subset"):
+    quality_small.main(["--corpora=wiki"])
+  with pytest.raises(SystemExit, match="--variants must be"):
+    quality_small.main(["--config=quality_medium", "--variants=switch"])
+
+
+def test_prose_corpus_puts_the_user_manual_first_and_is_written_once(tmp_path):
+  docs = tmp_path / "doc"
+  docs.mkdir()
+  for name, text in {"change.txt": "changes\n", "usr_02.txt": "two\n\n",
+                     "usr_01.txt": "one\n", "options.txt": "options\n"}.items():
+    (docs / name).write_text(text)
+  path = prose_corpus.prepare(str(tmp_path / "out"), str(docs / "*.txt"))
+  assert open(path).read() == "one\n\ntwo\n\nchanges\n\noptions\n\n"
+  (docs / "usr_03.txt").write_text("three\n")
+  assert prose_corpus.prepare(str(tmp_path / "out"), str(docs / "*.txt")) == path
+  assert "three" not in open(path).read()
+  assert prose_corpus.data_overrides(path)["name"] == "text_files"
+
+
+def test_missing_prose_sources_name_the_package(tmp_path):
+  with pytest.raises(prose_corpus.MissingCorpusError, match="vim-runtime"):
+    prose_corpus.prepare(str(tmp_path), str(tmp_path / "nothing" / "*.txt"))
+
+
+def test_quality_medium_dense_twin_is_parameter_matched_within_one_percent():
+  moe, dense = (model_report(quality_medium.get_config(v).model)["total_params"]
+                for v in ("sigma_moe", "dense"))
+  assert abs(dense / moe - 1) < 0.01
+  ff = quality_medium.get_config().model.ff
+  assert (ff.n_experts, ff.expert_size, ff.k) == (16, 128, 4)
