@@ -29,8 +29,8 @@ from sparse_jax.models.accounting import model_report
 from sparse_jax.tasks import train_and_evaluate
 
 # Every variant has the dense FF's 132k parameters per layer (within 1.2%, PKM), in the form
-# the sigma-MoE authors ran it (docs/sigma_moe.md "Feed-forward kinds"): Switch with G = K*G, N_E / K
-# experts, no capacity limit; S-BASE per sequence; PKM with knn >= sub-keys (dense path).
+# the sigma-MoE authors ran it (docs/sigma_moe.md "Feed-forward kinds"): Switch with G = K*G,
+# N_E / K experts, no capacity limit; S-BASE per sequence; PKM with knn >= sub-keys (dense path).
 SMALL_VARIANTS = {
     "dense": {"kind": "dense", "d_ff": 514},
     "sigma_moe": {"kind": "sigma_moe", "n_experts": 8, "expert_size": 64, "k": 2,
