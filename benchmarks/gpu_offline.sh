@@ -8,9 +8,9 @@
 # Installs the bundle with pip into a fresh folder (no index, no dependencies resolved: the
 # bundle holds them, and the node's own JAX, Flax, Optax and Orbax stay as they are), puts it
 # on PYTHONPATH, prints the environment, stops if JAX sees no GPU, then runs the GPU suite and
-# the block-size sweep. Everything it writes lands in OUT_DIR, at most 8 files:
-#   environment.txt, gpu_offline.log, gpu_suite.json, gpu_suite.md, gpu_tests.log,
-#   gpu_tests.xml, tune_blocks.json
+# the block-size sweep. Everything it writes lands in OUT_DIR, 8 files (6 with --smoke, which
+# runs no tests): environment.txt, gpu_offline.log, gpu_suite.json, gpu_suite.md,
+# gpu_tests.log, gpu_tests.xml, decode.json, tune_blocks.json.
 # Budget: about 10 minutes on an H100 (SUITE_BUDGET_S + TUNE_BUDGET_S seconds of measuring,
 # plus installing, compiling the last cells and writing); override either in the environment.
 set -euo pipefail
