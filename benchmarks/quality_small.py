@@ -121,7 +121,7 @@ def format_table(rows: list[dict]) -> str:
   lines = ["| corpus | variant | seeds | valid bpb (mean +- sd) | vs dense, % (mean +- sd) | "
            "params |", "|---|---|---:|---:|---:|---:|"]
   pm = lambda mean, sd, fmt: "-" if mean is None else (
-      f"{mean:{fmt}}" + ("" if sd is None else f" +- {sd:{fmt}}"))
+      f"{mean:{fmt}}" + ("" if sd is None else f" +- {sd:{fmt.lstrip('+')}}"))
   for r in rows:
     lines.append(f"| {r['corpus']} | {r['variant']} | {len(r['seeds'])} | "
                  f"{pm(r['bpb_mean'], r['bpb_sd'], '.4f')} | "
