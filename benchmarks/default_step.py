@@ -14,10 +14,9 @@ import argparse
 import statistics
 
 import jax
-import numpy as np
 
 from benchmarks.machine import machine_info, write_result
-from benchmarks.routing_health_cost import abba_step_times, make_runner
+from benchmarks.routing_health_cost import abba_step_times, make_runner, random_batches
 from configs import default, default_dense
 from sparse_jax import parallel
 from sparse_jax.tasks.lm import LanguageModelTask
@@ -35,16 +34,6 @@ def bench_configs(preset: str) -> dict:
     configs["sigma_moe"].model.ff.update(n_experts=4, expert_size=8)
     configs["dense"].model.ff.d_ff = 32
   return configs
-
-
-def random_batches(config, count: int = 4) -> list[dict]:
-  rng = np.random.default_rng(0)
-  batches = []
-  for _ in range(count):
-    tokens = rng.integers(0, config.model.vocab_size,
-                          (config.data.batch_size, config.data.seq_len + 1), np.int32)
-    batches.append({"inputs": tokens[:, :-1], "targets": tokens[:, 1:]})
-  return batches
 
 
 def main(argv=None) -> dict:

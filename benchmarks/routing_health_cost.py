@@ -75,6 +75,17 @@ def make_runner(config, loss_fn, mesh):
   return run
 
 
+def random_batches(config, count: int = 4) -> list[dict]:
+  """`count` batches of uniformly random tokens of the config's shape (seed 0)."""
+  rng = np.random.default_rng(0)
+  batches = []
+  for _ in range(count):
+    tokens = rng.integers(0, config.model.vocab_size,
+                          (config.data.batch_size, config.data.seq_len + 1), np.int32)
+    batches.append({"inputs": tokens[:, :-1], "targets": tokens[:, 1:]})
+  return batches
+
+
 def abba_step_times(runs: dict, batches: list, rounds: int) -> dict[str, list[float]]:
   """Seconds of each step of `on` and `off`, alternating on-off, off-on, ... after one
   compiling call each."""
@@ -141,12 +152,7 @@ def main(argv=None) -> dict:
   config = bench_config(args.preset)
   task = LanguageModelTask(config)
   mesh = parallel.make_mesh([1, 1, 1])
-  rng = np.random.default_rng(0)
-  batches = []
-  for _ in range(4):
-    tokens = rng.integers(0, config.model.vocab_size,
-                          (config.data.batch_size, config.data.seq_len + 1), np.int32)
-    batches.append({"inputs": tokens[:, :-1], "targets": tokens[:, 1:]})
+  batches = random_batches(config)
   with jax.set_mesh(mesh):
     runs = {"on": make_runner(config, task.loss, mesh),
             "off": make_runner(config, without_routing(task.loss), mesh)}
