@@ -1,7 +1,7 @@
 """Unbatched decoding speed: dense vs Scaling Transformers' sparse layers (paper Table 1).
 
-    python benchmarks/decode.py [--shape=800m] [--layers=4] [--out=benchmarks/decode_cpu.json]
-    python benchmarks/decode.py --shape=17b --block_only --out=benchmarks/decode_17b_cpu.json
+    python -m benchmarks.decode [--shape=800m] [--layers=4] [--out=benchmarks/decode_cpu.json]
+    python -m benchmarks.decode --shape=17b --block_only --out=benchmarks/decode_17b_cpu.json
 
 Times one decoded token (batch 1, a KV cache of `--context` positions, float32, random weights)
 for one decoder block and, unless `--block_only`, for a small whole model, for four variants:
@@ -36,6 +36,8 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from benchmarks import roofline
+from sparse_jax.layers.sparse_ff import SparseFF
 from sparse_jax.models.blocks import DecoderBlock
 from sparse_jax.models.lm import TransformerLM
 from sparse_jax.models.lm_config import validate_model_config
@@ -98,20 +100,44 @@ def median_seconds(fn, args, repeats: int) -> float:
   return statistics.median(times)
 
 
-def time_block(cfg, context: int, repeats: int) -> float:
-  """Median seconds of one block's `decode` of a token after `context` cached ones."""
+def bytes_read(block: nnx.Module, cache) -> int:
+  """Bytes one decoded token must read: every weight of `block` once, except that a SparseFF
+  reads only the chosen unit of each block of W1, b1 and W2 (1 / block_size of them), and
+  the whole KV cache (attention reads every slot)."""
+  weights = sum(leaf.nbytes for leaf in jax.tree.leaves(nnx.state(block, nnx.Param)))
+  for _, module in nnx.iter_graph(block):
+    if isinstance(module, SparseFF):
+      chosen = [p[...].nbytes for p in (module.w_keys, module.w_values, module.b_up)
+                if p is not None]
+      weights -= sum(chosen) * (1 - 1 / module.block_size)
+  return int(weights) + sum(leaf.nbytes for leaf in jax.tree.leaves(cache))
+
+
+def xla_flops(compiled) -> float:
+  """XLA's FLOP count of a compiled call (a dict, or a list of one on older JAX)."""
+  analysis = compiled.cost_analysis()
+  analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
+  return float(analysis.get("flops", 0.0))
+
+
+def time_block(cfg, context: int, repeats: int) -> dict:
+  """One block's `decode` of a token after `context` cached ones: median seconds, the bytes
+  it must read (`bytes_read`) and XLA's FLOP count."""
   block = DecoderBlock(validate_model_config(cfg), rngs=nnx.Rngs(0))
   block.eval()
   graphdef, state = nnx.split(block)
+  cache = block.attn.init_cache(1, context + 1, jnp.float32)
+  nbytes = bytes_read(block, cache)
   del block
-  cache = nnx.merge(graphdef, state).attn.init_cache(1, context + 1, jnp.float32)
 
   @jax.jit
   def step(state, cache, h_b1d):
     return nnx.merge(graphdef, state).decode(h_b1d, cache, jnp.int32(context))
 
   h = jax.random.normal(jax.random.key(0), (1, 1, cfg.d_model))
-  return median_seconds(step, (state, cache, h), repeats)
+  flops = xla_flops(step.lower(state, cache, h).compile())
+  return {"seconds": median_seconds(step, (state, cache, h), repeats), "bytes": nbytes,
+          "flops": flops}
 
 
 def time_model(cfg, context: int, repeats: int) -> float:
@@ -147,6 +173,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   parser.add_argument("--context", type=int, default=128, help="Cached positions.")
   parser.add_argument("--repeats", type=int, default=None,
                       help="Timed calls per measurement (default 50; 10 for 17b).")
+  parser.add_argument("--bandwidth_mib", type=int, default=1024,
+                      help="Array size of the bandwidth measurement the bounds use.")
   parser.add_argument("--out", default="benchmarks/decode_cpu.json")
   args = parser.parse_args(argv)
   args.block_only = args.block_only or args.shape == "17b"
@@ -154,10 +182,16 @@ def parse_args(argv=None) -> argparse.Namespace:
   return args
 
 
-def measure(variant: str, args: argparse.Namespace, shape: dict) -> dict:
+def measure(variant: str, args: argparse.Namespace, shape: dict, peaks: dict) -> dict:
   cfg = model_config(variant, shape, args.layers, args.d_lowrank)
-  row = {"variant": variant, "d_ff": cfg.ff.d_ff,
-         "block_ms": 1000 * time_block(cfg, args.context, args.repeats)}
+  block = time_block(cfg, args.context, args.repeats)
+  bytes_ms = 1000 * block["bytes"] / (peaks["read_gb_s"] * 1e9)
+  flops_ms = 1000 * block["flops"] / (peaks["matmul_gflop_s"] * 1e9)
+  row = {"variant": variant, "d_ff": cfg.ff.d_ff, "block_ms": 1000 * block["seconds"],
+         "block_mb_read": block["bytes"] / 1e6, "block_flops": block["flops"],
+         "bytes_bound_ms": bytes_ms, "flops_bound_ms": flops_ms}
+  row["x_bytes_bound"] = row["block_ms"] / bytes_ms
+  row["x_roofline"] = row["block_ms"] / max(bytes_ms, flops_ms)
   gc.collect()
   if not args.block_only:
     row["model_ms"] = 1000 * time_model(cfg, args.context, args.repeats)
@@ -168,13 +202,16 @@ def measure(variant: str, args: argparse.Namespace, shape: dict) -> dict:
 
 def print_table(rows: list[dict], paper: dict | None) -> None:
   dense = rows[0]
-  header = f"{'variant':<14} {'d_ff':>6} {'block ms':>10} {'x dense':>8}"
+  header = (f"{'variant':<14} {'d_ff':>6} {'block ms':>10} {'x dense':>8} {'MB read':>9} "
+            f"{'x bytes bd':>10} {'x roofline':>10}")
   header += f" {'paper x':>8}" if paper else ""
   header += "" if "model_ms" not in dense else f" {'model ms':>9} {'x dense':>8}"
   print(header)
   for r in rows:
     r["block_speedup"] = dense["block_ms"] / r["block_ms"]
-    line = f"{r['variant']:<14} {r['d_ff']:>6} {r['block_ms']:>10.3f} {r['block_speedup']:>8.2f}"
+    line = (f"{r['variant']:<14} {r['d_ff']:>6} {r['block_ms']:>10.3f} "
+            f"{r['block_speedup']:>8.2f} {r['block_mb_read']:>9.1f} "
+            f"{r['x_bytes_bound']:>10.2f} {r['x_roofline']:>10.2f}")
     if paper:
       line += f" {paper['dense'] / paper[r['variant']]:>8.2f}"
     if "model_ms" in r:
@@ -186,12 +223,16 @@ def print_table(rows: list[dict], paper: dict | None) -> None:
 def main(argv=None) -> dict:
   args = parse_args(argv)
   shape = shape_of(args)
-  rows = [measure(name, args, shape) for name in VARIANTS]
+  peaks = roofline.measured_peaks(mib=args.bandwidth_mib)
+  print(f"measured: read {peaks['read_gb_s']:.1f} GB/s, copy {peaks['copy_gb_s']:.1f} GB/s, "
+        f"f32 matmul {peaks['matmul_gflop_s']:.1f} GFLOP/s")
+  rows = [measure(name, args, shape, peaks) for name in VARIANTS]
   paper = PAPER_BLOCK_MS[args.shape] if shape == SHAPES[args.shape] else None
   print_table(rows, paper)
   result = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, "
                        f"{jax.default_backend()}", "jax": jax.__version__, **vars(args),
-            "shape_fields": shape, "paper_block_ms": paper, "rows": rows}
+            "shape_fields": shape, "paper_block_ms": paper, "measured_peaks": peaks,
+            "rows": rows}
   with open(args.out, "w") as f:
     json.dump(result, f, indent=2)
   print(f"wrote {args.out}")

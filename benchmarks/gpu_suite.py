@@ -105,7 +105,8 @@ GPU = Scale(smoke=False, tokens=32768, group=128, k=4, dtypes=("bfloat16", "floa
             decode_argv=())
 SMOKE = Scale(smoke=True, tokens=64, group=16, k=2, dtypes=("float32", "bfloat16"),
               d_models=(32,), experts=(4,), repeats=2, min_sample_ms=0.0, train_steps=2,
-              decode_argv=("--d_model=32", "--layers=1", "--context=4", "--repeats=2"))
+              decode_argv=("--d_model=32", "--layers=1", "--context=4", "--repeats=2",
+                           "--bandwidth_mib=4"))
 
 
 class Budget:

@@ -10,7 +10,8 @@ sigma-MoE with the paper's expert shape), per seed (initialisation, dropout and 
 noise) and corpus: `builtin` (Python sources) and `prose` (Vim's documentation,
 `benchmarks/prose_corpus.py`). Each run lives in `WORKDIR/<config>/<corpus>/<variant>/seed<N>`
 and leaves its result there as `result.json`: a finished run is read back, not redone, and
-an interrupted one resumes from its checkpoint. Prints per corpus a table of validation bits
+an interrupted one resumes from its checkpoint (its `wall_s` then covers the last invocation,
+which started after `resumed_after_step`). Prints per corpus a table of validation bits
 per byte as mean +- standard deviation over the seeds, and each variant's difference to dense
 (paired by seed, in percent of dense) with its spread; writes every run and the summary as
 JSON.
@@ -62,6 +63,15 @@ def step_seconds(workdir: str, tokens_per_step: int) -> float:
   return tokens_per_step / rates[len(rates) // 2]
 
 
+def logged_steps(workdir: str) -> int:
+  """The last training step an earlier, interrupted invocation logged (0 for a fresh run)."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return 0
+  with open(path) as f:
+    return max((r["step"] for r in map(json.loads, f) if r["split"] == "train"), default=0)
+
+
 def run(config_name: str, corpus: str, variant: str, seed: int, steps: int | None,
         root: str) -> dict:
   """One training run, or its saved result when it has finished before."""
@@ -77,6 +87,7 @@ def run(config_name: str, corpus: str, variant: str, seed: int, steps: int | Non
   if steps is not None:
     config.train.update(steps=steps, eval_every=min(config.train.eval_every, steps),
                         ckpt_every=min(config.train.ckpt_every, steps))
+  resumed_from = logged_steps(workdir)
   started = time.perf_counter()
   final = train_and_evaluate(config, workdir)
   report = model_report(config.model)
@@ -86,7 +97,7 @@ def run(config_name: str, corpus: str, variant: str, seed: int, steps: int | Non
             "ff_flops_percent": report["ff_flops_percent_of_dense"],
             "step_ms": 1000 * step_seconds(workdir, config.data.batch_size
                                            * config.data.seq_len),
-            "wall_s": time.perf_counter() - started}
+            "wall_s": time.perf_counter() - started, "resumed_after_step": resumed_from}
   with open(result_path, "w") as f:
     json.dump(result, f, indent=2)
   return result

@@ -11,6 +11,10 @@ block at most the dense block's, as the paper raises `d_ff` for sparse QKV. Ever
 a sinusoidal positional encoding at the input, as Trax's models do (`model.positions =
 "sinusoidal"`: no rotary rotation in attention), and its SparseFF takes Trax's defaults
 (clean soft mask, Glorot controller, no b1, mask before the ReLU).
+
+A deliberate small-scale substitute for the paper's C4 encoder-decoders, whose sparse QKV is in
+the decoder only (docs/scaling_transformers.md "Small models" says why and where that
+placement is: the Terraformer's `model.decoder_qkv=sparse`).
 """
 
 import ml_collections

@@ -6,9 +6,14 @@
 
 The config string is the task (`copy` or `add`), optionally followed by `,transformer`: the
 same encoder-decoder without Terraformer's parts (dense attention, dense FF, no SRU branch,
-not reversible), the paper's comparison. Sizes are small enough for a 2-core CPU
-(`benchmarks/length_generalization.py` runs all four); the Terraformer's LSH uses chunks of
-32 with 16 buckets, its FF is sparse (blocks of 16) with the 32-unit SRU branch.
+not reversible, and the sinusoidal positions of Trax's `Transformer`), the paper's
+comparison. Sizes are small enough for a 2-core CPU (`benchmarks/length_generalization.py`
+runs all four); the Terraformer's LSH uses chunks of 32 with 16 buckets, its FF is sparse
+(blocks of 16) with the 32-unit SRU branch. The Terraformer takes Trax's details, the model
+schema's defaults: fixed-base positions with random start offsets in training (what Trax's
+`terraformer_copy.gin` sets), dropout masks shared along the length, the uniform embedding
+init, attention biases; training adds Trax's weight decay (`w <- (1 - 1e-5) w` every step,
+its Adam's default). `--config.model.positions=sinusoid` is the ablation without them.
 """
 
 import ml_collections
@@ -35,7 +40,7 @@ def model_config(transformer: bool) -> ml_collections.ConfigDict:
   if transformer:
     model.ff = ml_collections.ConfigDict({"kind": "dense", "d_ff": 512})  # Replaced, not merged.
     model.update(sru_units=0, encoder_attention="dense", decoder_attention="dense",
-                 reversible=False)
+                 reversible=False, positions="sinusoid")
   return model
 
 
@@ -49,7 +54,8 @@ def get_config(config_string: str | None = None) -> ml_collections.ConfigDict:
       "train_max_len": 128, "test_min_len": 256, "test_max_len": 300, "n_eval": 256})
   config.model = model_config(transformer)
   config.train = ml_collections.ConfigDict({
-      "steps": 2000, "lr": 1e-3, "grad_clip": 1.0, "log_every": 50, "eval_every": 1000,
+      "steps": 2000, "lr": 1e-3, "grad_clip": 1.0, "weight_decay": 1e-5, "log_every": 50,
+      "eval_every": 1000,
       "ckpt_every": 500})
   config.train.warmup_steps = config.train.get_ref("steps") // 10
   config.eval = ml_collections.ConfigDict({"batch_size": 16, "max_batches": 4,

@@ -3,19 +3,44 @@
 import json
 import sys
 
+import jax.numpy as jnp
+from flax import nnx
+
 from benchmarks import decode
+from sparse_jax.models.blocks import DecoderBlock
 from sparse_jax.models.lm_config import validate_model_config
 
 
 def test_decode_benchmark_writes_its_table(tmp_path, monkeypatch, capsys):
   out = tmp_path / "decode.json"
   monkeypatch.setattr(sys, "argv", ["decode.py", "--d_model=32", "--layers=1", "--context=4",
-                                    "--repeats=2", f"--out={out}"])
+                                    "--repeats=2", "--bandwidth_mib=4", f"--out={out}"])
   decode.main()
   result = json.loads(out.read_text())
   assert [r["variant"] for r in result["rows"]] == list(decode.VARIANTS)
   assert all(r["block_ms"] > 0 and r["model_ms"] > 0 for r in result["rows"])
+  assert all(r["x_roofline"] == r["block_ms"] / max(r["bytes_bound_ms"], r["flops_bound_ms"])
+             for r in result["rows"])
+  assert set(result["measured_peaks"]) == {"read_gb_s", "copy_gb_s", "matmul_gflop_s"}
   assert "sparse_ff_qkv" in capsys.readouterr().out
+
+
+def test_bytes_read_counts_weights_once_chosen_ff_units_and_the_cache():
+  """Written out from the layers' shapes: a dense block reads Q, K, V, O (4 d^2), two
+  LayerNorms (4 d), the FF (2 d d_ff + d_ff + d) and the K, V cache (2 (context + 1) d); a
+  SparseFF reads its controller (d r + r d_ff + d_ff), one unit of W1 and W2 per block of N
+  (2 d d_ff / N) and b2 (d); float32."""
+  d, d_ff, n, context = 32, 64, 8, 4
+  shape = dict(d_model=d, n_heads=4, attention_sparsity=None, d_ff=d_ff, block_size=n)
+  attention_norms_cache = 4 * d * d + 4 * d + 2 * (context + 1) * d
+  expected = {"dense": attention_norms_cache + 2 * d * d_ff + d_ff + d,
+              "sparse_ff": attention_norms_cache + d * (d_ff // n) + (d_ff // n) * d_ff + d_ff
+                           + 2 * d * d_ff // n + d}
+  for variant, floats in expected.items():
+    cfg = validate_model_config(decode.model_config(variant, shape, 1))
+    block = DecoderBlock(cfg, rngs=nnx.Rngs(0))
+    cache = block.attn.init_cache(1, context + 1, jnp.float32)
+    assert decode.bytes_read(block, cache) == 4 * floats, variant
 
 
 def test_block_only_run_with_attention_sparsity_below_the_heads(tmp_path, capsys):
@@ -23,7 +48,7 @@ def test_block_only_run_with_attention_sparsity_below_the_heads(tmp_path, capsys
   out = tmp_path / "decode_17b.json"
   result = decode.main(["--shape=17b", "--d_model=24", "--n_heads=6", "--attention_sparsity=4",
                         "--d_ff=64", "--block_size=8", "--context=4", "--repeats=2",
-                        f"--out={out}"])
+                        "--bandwidth_mib=4", f"--out={out}"])
   assert json.loads(out.read_text()) == result and result["block_only"]
   assert [r["d_ff"] for r in result["rows"]] == [64, 64, 112, 112]  # + 2 d_model for QKV
   assert all(r["block_ms"] > 0 and "model_ms" not in r for r in result["rows"])

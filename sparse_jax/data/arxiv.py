@@ -32,14 +32,16 @@ the train split's articles and abstracts, stored beside the prepared records in
 `<builder data dir>/sp<vocab_size>/`. Ids follow the seq2seq contract PAD 0, EOS 1: those are
 the model's `<unk>` and `<s>` ids, which encoding never emits (byte fallback spells unknown
 characters as bytes, and no BOS is added), so they are free for padding and end of sequence.
-An article becomes its first `max_input_len` ids (15359 in the paper) then EOS; an abstract
-its first `max_target_len` ids (1023) then EOS.
+An article becomes its first `max_input_len` ids (15359 in the paper) then PAD, as Trax's
+`scientific_papers_terraformer.gin` appends (`AppendValue {0: [0], 1: [1]}`; `article_end="eos"`
+appends EOS instead); an abstract its first `max_target_len` ids (1023) then EOS.
 """
 
 import dataclasses
 import functools
 import os
 import zipfile
+from typing import Literal
 
 import grain
 import numpy as np
@@ -58,6 +60,7 @@ FILES = {"train": "train.txt", "validation": "val.txt", "test": "test.txt"}
 SPLITS = tuple(FILES)
 VERSION = "1.1.1"  # The paper's (REFERENCE.md 2c).
 PAD, EOS = padded_batches.PAD, 1
+ARTICLE_ENDS = {"pad": PAD, "eos": EOS}
 PAPER_VOCAB_SIZE, PAPER_MAX_INPUT_LEN, PAPER_MAX_TARGET_LEN = 32_000, 15_359, 1_023
 
 
@@ -71,6 +74,9 @@ class ArxivConfig(schema.Schema):
   max_input_len: schema.PositiveInt = PAPER_MAX_INPUT_LEN  # Article ids kept before EOS.
   max_target_len: schema.PositiveInt = PAPER_MAX_TARGET_LEN  # Abstract ids kept before EOS.
   max_examples: schema.PositiveInt | None = None  # The first N records of a split; None: all.
+  # The id after an article's last: "pad" (Trax's gin; the article then has no end marker, as
+  # padding is dropped in the concatenation) or "eos".
+  article_end: Literal[tuple(ARTICLE_ENDS)] = "pad"
 
   def check(self, path: str) -> None:
     minimum = sentencepiece_tokenizer.MIN_VOCAB_SIZE
@@ -229,15 +235,17 @@ def load_tokenizer(cfg: ArxivConfig) -> sentencepiece_tokenizer.Tokenizer:
   return _tokenizer(prepared_builder(cfg), cfg.vocab_size)
 
 
-def encode(tokenizer: sentencepiece_tokenizer.Tokenizer, text: str, max_len: int) -> np.ndarray:
-  """`int32 [min(n, max_len) + 1]`: the first `max_len` ids of `text`, then EOS."""
-  return np.append(tokenizer.encode_lines([text])[:max_len], EOS).astype(np.int32)
+def encode(tokenizer: sentencepiece_tokenizer.Tokenizer, text: str, max_len: int,
+           end: int = EOS) -> np.ndarray:
+  """`int32 [min(n, max_len) + 1]`: the first `max_len` ids of `text`, then `end`."""
+  return np.append(tokenizer.encode_lines([text])[:max_len], end).astype(np.int32)
 
 
 def encode_record(record: dict, *, tokenizer: sentencepiece_tokenizer.Tokenizer,
-                  max_input_len: int, max_target_len: int) -> dict[str, np.ndarray]:
-  """`{"inputs": article ids + EOS, "targets": reference abstract ids + EOS}` (int32)."""
-  return {"inputs": encode(tokenizer, _text(record["article"]), max_input_len),
+                  max_input_len: int, max_target_len: int,
+                  article_end: int = PAD) -> dict[str, np.ndarray]:
+  """`{"inputs": article ids + article_end, "targets": reference abstract ids + EOS}`."""
+  return {"inputs": encode(tokenizer, _text(record["article"]), max_input_len, article_end),
           "targets": encode(tokenizer, reference_text(_text(record["abstract"])),
                             max_target_len)}
 
@@ -247,7 +255,7 @@ def _reference(record: dict) -> str:
 
 
 def max_lengths(cfg: ArxivConfig) -> tuple[int, int]:
-  """The longest `(inputs, targets)` in ids, EOS included: the padded shape."""
+  """The longest `(inputs, targets)` in ids, the end id included: the padded shape."""
   return cfg.max_input_len + 1, cfg.max_target_len + 1
 
 
@@ -255,7 +263,7 @@ def max_lengths(cfg: ArxivConfig) -> tuple[int, int]:
 class ArxivSplit:
   """A split, read lazily from the prepared records: element i of each belongs together."""
 
-  examples: grain.MapDataset  # {"inputs": int32[n <= S], "targets": int32[m <= T]}, EOS-ended.
+  examples: grain.MapDataset  # {"inputs": int32[n <= S], "targets": int32[m <= T]} (`encode_record`).
   references: grain.MapDataset  # str: the abstract ROUGE scores against (`reference_text`).
   tokenizer: sentencepiece_tokenizer.Tokenizer  # Decodes answers (`decode_answer`).
 
@@ -271,7 +279,8 @@ def load_split(cfg: ArxivConfig, split: str) -> ArxivSplit:
     records = records[:cfg.max_examples]
   encode_fn = functools.partial(encode_record, tokenizer=tokenizer,
                                 max_input_len=cfg.max_input_len,
-                                max_target_len=cfg.max_target_len)
+                                max_target_len=cfg.max_target_len,
+                                article_end=ARTICLE_ENDS[cfg.article_end])
   return ArxivSplit(records.map(encode_fn), records.map(_reference), tokenizer)
 
 

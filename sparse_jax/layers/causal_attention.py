@@ -4,8 +4,12 @@ Sec. 1 of the paper counts a decoded token's attention cost as four dense `d_mod
 matrices (Q, K, V and output); Sec. 3.2 replaces them with the sparse QKV layer. This module is
 the dense side of that comparison:
 
-    q, k, v = x W_q, x W_k, x W_v       (per head, no biases; q, k optionally rotary)
-    out = concat_h softmax(q k^T / sqrt(Dh) + causal mask) v,   y = out W_o.
+    q, k, v = x W_q (+ b_q), x W_k (+ b_k), x W_v (+ b_v)    (per head; q, k optionally rotary)
+    out = concat_h softmax(q k^T / sqrt(Dh) + causal mask) v,   y = out W_o (+ b_o).
+
+The biases (`use_bias`, off by default) are those of Trax's `tl.CausalAttention`, whose four
+projections are `tl.Dense` layers (bias init N(0, 1e-6^2) there, zeros here); rotary positions
+rotate the biased q and k.
 
 Decoding keeps every past key and value in a cache `[B, max_len, H, Dh]`, so one token costs the
 four projections plus one attention row. The helpers `attend`, `init_kv_cache` and
@@ -69,22 +73,37 @@ def check_rotary_dim(rotary: bool, head_dim: int) -> None:
 
 
 class CausalSelfAttention(nnx.Module):
-  """Dense Q, K, V `[d_model, H, Dh]` and output `[H, Dh, d_model]`; causal; KV-cache decoding."""
+  """Dense Q, K, V `[d_model, H, Dh]` and output `[H, Dh, d_model]`; causal; KV-cache decoding.
+
+  `use_bias`: zero-initialised biases `b_q, b_k, b_v [H, Dh]` and `b_o [d_model]`.
+  """
 
   def __init__(self, d_model: int, n_heads: int, head_dim: int, *, n_layers: int,
-               attn_dropout: float = 0.0, rotary: bool = True, rngs: nnx.Rngs):
+               attn_dropout: float = 0.0, rotary: bool = True, use_bias: bool = False,
+               rngs: nnx.Rngs):
     check_rotary_dim(rotary, head_dim)
     self.d_model, self.n_heads, self.head_dim, self.rotary = d_model, n_heads, head_dim, rotary
     self.w_q, self.w_k, self.w_v, self.w_o = initializers.head_projections(
         d_model, n_heads, head_dim, n_layers=n_layers, n_inputs=3, rngs=rngs)
+    if use_bias:
+      self.b_q, self.b_k, self.b_v = (
+          nnx.Param(jnp.zeros((n_heads, head_dim)), logical_axes=("heads", "head_dim"))
+          for _ in range(3))
+      self.b_o = nnx.Param(jnp.zeros((d_model,)), logical_axes=("embed",))
+    else:
+      self.b_q = self.b_k = self.b_v = self.b_o = None
     self.attn_dropout = nnx.Dropout(attn_dropout, rngs=rngs)
 
   def project_qkv(self, x_btd: jax.Array, positions_t: jax.Array):
     """`[B, T, d_model]` at absolute positions `[T]` -> q, k, v `[B, T, H, Dh]` (q, k rotated)."""
     dtype = x_btd.dtype
-    q_bthc = jnp.einsum("btd,dhc->bthc", x_btd, self.w_q[...].astype(dtype))
-    k_bthc = jnp.einsum("btd,dhc->bthc", x_btd, self.w_k[...].astype(dtype))
-    v_bthc = jnp.einsum("btd,dhc->bthc", x_btd, self.w_v[...].astype(dtype))
+
+    def project(w, b):
+      y_bthc = jnp.einsum("btd,dhc->bthc", x_btd, w[...].astype(dtype))
+      return y_bthc if b is None else y_bthc + b[...].astype(dtype)
+
+    q_bthc, k_bthc, v_bthc = (project(self.w_q, self.b_q), project(self.w_k, self.b_k),
+                              project(self.w_v, self.b_v))
     if self.rotary:
       q_bthc, k_bthc = apply_rotary(q_bthc, positions_t), apply_rotary(k_bthc, positions_t)
     return q_bthc, k_bthc, v_bthc
@@ -94,7 +113,8 @@ class CausalSelfAttention(nnx.Module):
     two-axis einsum 7x slower at d_model 9216 (the 17B decode benchmark)."""
     b, t, h, c = out_bthc.shape
     w_o = self.w_o[...].astype(out_bthc.dtype).reshape(h * c, -1)
-    return out_bthc.reshape(b, t, h * c) @ w_o
+    y_btd = out_bthc.reshape(b, t, h * c) @ w_o
+    return y_btd if self.b_o is None else y_btd + self.b_o[...].astype(y_btd.dtype)
 
   def __call__(self, x_btd: jax.Array) -> jax.Array:
     """Causal self-attention over the sequence, `[B, T, d_model] -> [B, T, d_model]`."""
@@ -114,6 +134,7 @@ class CausalSelfAttention(nnx.Module):
   def flops_per_token(self) -> int:
     """Multiply-adds of the Q, K, V and output projections for one token: `4 d_model H Dh`.
 
-    Excludes the attention itself (`2 H Dh` per visible key) and the rotary rotation.
+    Excludes the attention itself (`2 H Dh` per visible key), the biases and the rotary
+    rotation.
     """
     return 4 * self.d_model * self.n_heads * self.head_dim

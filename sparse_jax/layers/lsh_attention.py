@@ -56,8 +56,9 @@ What Trax 1.4 does (`trax/layers/research/efficient_attention.py`), and what we 
   all examples and heads, scaled by `1 / keep`. Ours: `nnx.Dropout` broadcast over batch,
   heads and chunks, from the `dropout` stream.
 - Rounds (`forward_unbatched`): un-sorted, the `n_hashes` outputs of a token are averaged
-  with weights `softmax_r(lse_r)`. Heads are summed after the output projection (Trax's
-  `output_dropout` is left to the model's residual dropout).
+  with weights `softmax_r(lse_r)`. Heads are summed after the output projection. Trax's
+  `output_dropout` (`apply_broadcasted_dropout`: one `[d_model]` mask for all examples,
+  heads and positions) is left to the model (`models.terraformer_blocks`).
 - Length: Trax reshapes into chunks, so T must be a multiple of `chunk_len` (its 'predict'
   prefill pads). Ours pads internally with padding tokens (extra bucket, masked keys), so
   any T works and a prefix of any length has a well-defined output.

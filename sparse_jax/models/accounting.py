@@ -266,12 +266,14 @@ def terraformer_step_flops(model: Terraformer, batch: int, inputs_len: int, targ
   (`inputs_len + targets_len` positions), the output layer over the targets."""
   d, s, t = model.d_model, inputs_len, targets_len
   encoder_out = model.encoder_out
+  join = [] if encoder_out is None else [  # None: `reversible_encoder`, no averaging join.
+      Matmuls(batch * s * encoder_out.in_features * encoder_out.out_features,
+              _trains(encoder_out, wrt)),
+      _norm(model.encoder_norm, wrt)]
   return step_flops([
       Matmuls(0, _trains(model.embed, wrt)),
       *_terraformer_stack(model.encoder, d, batch, s, wrt),
-      Matmuls(batch * s * encoder_out.in_features * encoder_out.out_features,
-              _trains(encoder_out, wrt)),
-      _norm(model.encoder_norm, wrt),
+      *join,
       *_terraformer_stack(model.decoder, d, batch, s + t, wrt),
       _norm(model.final_norm, wrt),
       _output_layer(model, batch * t, wrt)])

@@ -16,6 +16,7 @@ from jax.sharding import Mesh
 from sparse_jax.tasks.selection import task_for
 from sparse_jax.training.checkpointing import Checkpointer
 from sparse_jax.training.loop import run_task
+from sparse_jax.training.resume_config import with_fields_added_since
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
@@ -32,13 +33,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
 def saved_config(workdir: str, step: int | None = None
                  ) -> tuple[int, ml_collections.ConfigDict]:
-  """`(step, config)` of checkpoint `step` (default: the latest) in `workdir`; raises
+  """`(step, config)` of checkpoint `step` (default: the latest) in `workdir`, with fields
+  added since it was saved set as they were (`with_fields_added_since`); raises
   `training.checkpointing.NoCheckpointError` naming the directory and the steps there."""
   checkpointer = Checkpointer(workdir, read_only=True)
   try:
     step = checkpointer.resolve_step(
         step, how_to_make_one=f"train first with `python train.py --workdir={workdir}`")
-    return step, checkpointer.restore_config(step)
+    return step, with_fields_added_since(checkpointer.restore_config(step))
   finally:
     checkpointer.close()
 

@@ -192,7 +192,7 @@ class Checkpointer:
         saved = self.restore_config(step)
       except Exception:  # pylint: disable=broad-except  # Unreadable: `restore_latest` decides.
         continue
-      saved = resolve(saved)
+      saved = resolve(resume_config.with_fields_added_since(saved))
       for path, (old, new) in resume_config.check_resumable(
           saved, config, workdir=self._workdir, step=step).items():
         logging.warning("Resuming with config field %s changed: %r -> %r.", path, old, new)

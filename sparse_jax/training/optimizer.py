@@ -8,6 +8,11 @@ Schedules, after a linear warmup to `lr` over `warmup_steps`: cosine decay to ze
 (sigma-MoE App. B); linear decay to zero (the Hugging Face Trainer's default, which the
 SPARTAN reference runs); or "rsqrt", Trax's `constant * linear_warmup * rsqrt_decay`:
 `lr * sqrt(warmup_steps / max(t, warmup_steps))`, which never reaches zero.
+
+Weight decay (`weight_decay` r) is Trax's rule, in its Adam and Adafactor alike: after the
+update, every weight is multiplied by `1 - r` each step, whatever the learning rate
+(`w <- (1 - r) w - update`); Terraformer trains with r = 1e-5. It is not AdamW's
+`lr * r * w`, nor L2 added to the gradient.
 """
 
 from typing import Literal
@@ -36,6 +41,8 @@ class TrainConfig(schema.Schema):
   schedule: Literal[SCHEDULES] = "cosine"  # The decay after the warmup (module docstring).
   optimizer: Literal[OPTIMIZERS] = "adam"
   grad_clip: schema.PositiveFloat | None = None
+  # Trax's weight decay (module docstring): w <- (1 - weight_decay) w every step; 0: none.
+  weight_decay: schema.Probability = 0.0
   log_every: schema.PositiveInt
   eval_every: schema.PositiveInt
   ckpt_every: schema.PositiveInt
@@ -86,14 +93,24 @@ def learning_rate_schedule(cfg: TrainConfig) -> optax.Schedule:
   return optax.join_schedules([warmup, decay], [cfg.warmup_steps])
 
 
+def decay_weights_every_step(rate: float) -> optax.GradientTransformation:
+  """Trax's weight decay, chained after the optimiser's (learning-rate scaled) update `u`:
+  `u - rate * w`, so that applying it gives `(1 - rate) w + u` (`trax/optimizers/adam.py`,
+  `adafactor.py`: `new_weights = (1 - weight_decay_rate) * weights - subtrahend`)."""
+  return optax.add_decayed_weights(-rate)
+
+
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
-  """`cfg.optimizer` (module docstring) after global-norm clipping at `grad_clip`."""
+  """`cfg.optimizer` (module docstring) after global-norm clipping at `grad_clip`, with
+  Trax's weight decay when `weight_decay > 0`."""
   schedule = learning_rate_schedule(cfg)
   if cfg.optimizer == "adafactor":
     optimizer = optax.adafactor(schedule, decay_rate=0.9, clipping_threshold=1.0, momentum=None,
                                 multiply_by_parameter_scale=True, factored=True, eps=1e-16)
   else:
     optimizer = optax.adam(schedule, b1=0.9, b2=0.999, eps=1e-8)
-  if cfg.grad_clip is None:
-    return optimizer
-  return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), optimizer)
+  parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip is not None else []
+  parts.append(optimizer)
+  if cfg.weight_decay:
+    parts.append(decay_weights_every_step(cfg.weight_decay))
+  return parts[0] if len(parts) == 1 else optax.chain(*parts)

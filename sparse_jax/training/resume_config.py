@@ -8,6 +8,9 @@ settings, the device mesh, gradient accumulation, rematerialisation, and where d
 may change; any other difference (shapes, kinds, compute dtype,
 vocabulary, dataset, batch size, seed, optimiser kind, backbone, fine-tuning method) is refused
 with every differing field named, before anything is restored.
+
+A saved config lacks the fields added after it was saved; `with_fields_added_since` gives them
+the values that rebuild what it trained, which later defaults need not be.
 """
 
 import json
@@ -20,11 +23,37 @@ from sparse_jax.validation import ConfigError
 # Dotted config paths (a prefix covers its whole section) that may differ on resume.
 SAFE_TO_CHANGE = (
     "train.steps", "train.lr", "train.warmup_steps", "train.schedule", "train.grad_clip",
+    "train.weight_decay",
     "train.log_every", "train.eval_every", "train.ckpt_every", "train.keep_checkpoints",
     "train.profile_steps", "train.grad_accum_steps", "model.remat",
     "eval", "mesh",
     "data.data_dir", "data.manual_dir", "data.download", "task.data_dir",
 )
+
+
+# Fields added after checkpoints were saved without them, with the values that rebuild what
+# those checkpoints trained: {(section, field naming its kind, kind): {field: value before}}.
+FIELDS_ADDED_LATER = {
+    ("model", "kind", "terraformer"): {  # Trax's options (docs/scaling_transformers.md).
+        "positions": "sinusoid", "embedding_init": "normal", "shared_dropout": False,
+        "ff_dropout": None, "attention_bias": False, "reversible_encoder": False},
+    ("data", "name", "arxiv"): {"article_end": "eos"},
+}
+
+
+def with_fields_added_since(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`config` (a saved one) with each field of `FIELDS_ADDED_LATER` it lacks set to its
+  value before; the schemas' defaults for them may differ (a Terraformer's positions:
+  sinusoids before, fixed-base now)."""
+  for (section, kind_field, kind), fields in FIELDS_ADDED_LATER.items():
+    node = config.get(section)
+    if node is None or node.get(kind_field) != kind:
+      continue
+    with node.unlocked():
+      for name, value in fields.items():
+        if name not in node:
+          node[name] = value
+  return config
 
 
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:

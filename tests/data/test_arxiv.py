@@ -60,14 +60,18 @@ def test_prepares_and_reads_without_tensorflow(data_dir, manual_dir, papers):
         expected_examples(split_papers).values())
 
 
-def test_examples_are_article_and_abstract_ids_with_eos(data_dir, manual_dir, papers):
-  loaded = arxiv.load_split(config(data_dir, manual_dir), "test")
+@pytest.mark.parametrize("article_end, article_end_id", [("pad", 0), ("eos", 1)])
+def test_examples_are_article_and_abstract_ids_with_their_end(data_dir, manual_dir, papers,
+                                                              article_end, article_end_id):
+  """Trax's gin appends PAD (0) to articles and EOS (1) to abstracts; `eos` ends both."""
+  loaded = arxiv.load_split(config(data_dir, manual_dir, article_end=article_end), "test")
   expected = expected_examples(papers["test"])
   examples, references = read_all(loaded.examples), read_all(loaded.references)
   assert len(examples) == PAPERS["test"]
   for example, reference in zip(examples, references):
+    assert example["inputs"][-1] == article_end_id and example["targets"][-1] == 1
     for ids in example.values():
-      assert ids.dtype == np.int32 and ids[-1] == 1
+      assert ids.dtype == np.int32
       assert not np.isin(ids[:-1], [0, 1]).any()  # PAD and EOS are never text.
     article = loaded.tokenizer.decode(example["inputs"][:-1])
     assert expected[article] == reference
@@ -81,7 +85,7 @@ def test_long_texts_are_cut_to_the_max_lengths_before_eos(data_dir, manual_dir):
   assert arxiv.max_lengths(short_cfg) == (8, 4)
   for f, s in zip(full, short):
     assert len(f["inputs"]) > 8 and len(f["targets"]) > 4
-    np.testing.assert_array_equal(s["inputs"], np.append(f["inputs"][:7], 1))
+    np.testing.assert_array_equal(s["inputs"], np.append(f["inputs"][:7], 0))
     np.testing.assert_array_equal(s["targets"], np.append(f["targets"][:3], 1))
 
 
@@ -140,7 +144,7 @@ def test_archive_with_another_checksum_is_refused(manual_dir, tmp_path):
 def test_defaults_are_the_papers():
   cfg = arxiv.ArxivConfig.parse({}, "data")
   assert (cfg.vocab_size, cfg.max_input_len, cfg.max_target_len) == (32_000, 15_359, 1_023)
-  assert cfg.download and cfg.max_examples is None
+  assert cfg.download and cfg.max_examples is None and cfg.article_end == "pad"
   assert cfg.resolved_manual_dir() == os.path.join(tfds.core.constants.DATA_DIR, "downloads",
                                                    "manual")
 
@@ -151,6 +155,7 @@ def test_defaults_are_the_papers():
     ({"max_target_len": -1}, "data.max_target_len"),
     ({"max_examples": 0}, "data.max_examples"),
     ({"download": "yes"}, "data.download"),
+    ({"article_end": "eol"}, "data.article_end"),
     ({"vocab": 8000}, "data.vocab"),
 ])
 def test_config_errors_name_the_field(fields, field):

@@ -167,8 +167,11 @@ def test_classifier_over_a_frozen_backbone_matches_xla(method):
 
 def test_terraformer_with_lsh_encoder_and_sru_matches_xla():
   """Encoder: LSH attention over `N W` keys per query plus its hashing (forward only: the
-  hash is discrete); decoder: dense causal attention over the concatenation `S + T`."""
+  hash is discrete); decoder: dense causal attention over the concatenation `S + T`.
+  Sinusoidal positions: the accounting leaves out the fixed-base encoding's elementwise
+  products (`n_bases * d_model` per token), which XLA counts."""
   cfg = {"vocab_size": 64, "d_model": D, "n_heads": 4, "n_encoder_layers": 1,
+         "positions": "sinusoid",
          "n_decoder_layers": 1, "dropout": 0.0, "ff": {"kind": "dense", "d_ff": 128},
          "sru_units": 16, "encoder_attention": "lsh", "decoder_attention": "dense",
          "reversible": False, "lsh": {"n_hashes": 2, "n_buckets": 4, "chunk_len": 8}}

@@ -40,6 +40,37 @@ def test_each_optimizer_reduces_a_quadratic(optimizer):
   assert float(loss(params)) < 0.5 * first
 
 
+@pytest.mark.parametrize("optimizer", ["adam", "adafactor"])
+def test_weight_decay_is_trax_rule_not_scaled_by_the_learning_rate(optimizer):
+  """Trax: `new_w = (1 - r) w - subtrahend`. With the learning rate at zero the update is
+  zero and `w` shrinks by exactly `(1 - r)^N` after N steps; with a learning rate each step
+  is `(1 - r) w` plus the undecayed optimiser's own update from the same state."""
+  rate, n = 1e-3, 7
+  w = {"kernel": jax.random.normal(jax.random.key(0), (16, 8)),
+       "bias": jax.random.normal(jax.random.key(1), (8,))}
+  grads = jax.tree.map(lambda x: jnp.sin(3 * x) + 0.5, w)
+  zero_lr = make_optimizer(train_config(optimizer=optimizer, lr=1e-30, weight_decay=rate,
+                                        schedule="rsqrt", warmup_steps=0))
+  params, state = w, zero_lr.init(w)
+  for _ in range(n):
+    updates, state = zero_lr.update(grads, state, params)
+    params = optax.apply_updates(params, updates)
+  for name in w:
+    np.testing.assert_allclose(params[name], np.asarray(w[name], np.float64) * (1 - rate) ** n,
+                               rtol=1e-6)
+  cfg = dict(optimizer=optimizer, lr=0.01, grad_clip=1.0, schedule="rsqrt", warmup_steps=0)
+  decayed, plain = (make_optimizer(train_config(weight_decay=r, **cfg)) for r in (rate, 0.0))
+  decayed_state, plain_state = decayed.init(w), plain.init(w)
+  for _ in range(3):
+    u_decayed, decayed_state = decayed.update(grads, decayed_state, w)
+    u_plain, plain_state = plain.update(grads, plain_state, w)
+    for name in w:
+      expected = (1 - rate) * np.asarray(w[name], np.float64) + np.asarray(u_plain[name])
+      np.testing.assert_allclose(optax.apply_updates(w, u_decayed)[name], expected,
+                                 rtol=1e-6, atol=1e-7)
+    w = optax.apply_updates(w, u_decayed)
+
+
 def test_unknown_optimizer_names_the_field_and_choices():
   with pytest.raises(ConfigError, match=r"train\.optimizer.*adam.*adafactor"):
     train_config(optimizer="sgd")

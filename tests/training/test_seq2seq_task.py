@@ -11,10 +11,13 @@ import pytest
 from cli_testing import ONE_DEVICE, cli_config, run_script
 from training_testing import patch_step, sigterm_at
 
+import sparse_jax
 from configs import terraformer_arithmetic
 from sparse_jax.data import arithmetic
 from sparse_jax.tasks import Seq2SeqTask, task_class, train_and_evaluate, validate_config
-from sparse_jax.tasks.runs import evaluate_checkpoint
+from sparse_jax.tasks.runs import evaluate_checkpoint, saved_config
+from sparse_jax.training.resume_config import FIELDS_ADDED_LATER
+from sparse_jax.training.task import Task
 from sparse_jax.validation import ConfigError
 
 TINY = ["--config=configs/terraformer_arithmetic.py:add", "--config.model.d_model=32",
@@ -87,3 +90,32 @@ def test_bad_fields_are_named(path, value, message):
 def test_bad_config_strings_are_refused():
   with pytest.raises(ValueError, match="expected one of"):
     terraformer_arithmetic.get_config("sort")
+
+
+def test_a_checkpoint_saved_before_the_trax_options_rebuilds_its_model(tmp_path, monkeypatch):
+  """A Terraformer saved before `model.positions` and the other Trax options existed (made
+  here by the engine, its saved config stripped of them) loads with their values before
+  (`resume_config.FIELDS_ADDED_LATER`), not today's defaults; resuming it with today's
+  config is refused, naming the field."""
+  before = FIELDS_ADDED_LATER[("model", "kind", "terraformer")]
+  workdir = str(tmp_path / "run")
+  flags = [*TINY, "--config.train.steps=1"]
+  old = cli_config(*flags)
+  old.model.update(before)
+  resolved = Task.resolved_config
+
+  def saved_without_the_new_fields(task):
+    config = resolved(task)
+    for name in before:
+      del config.model[name]
+    return config
+
+  with monkeypatch.context() as m:
+    m.setattr(Task, "resolved_config", saved_without_the_new_fields)
+    train_and_evaluate(old, workdir)
+  _, saved = saved_config(workdir)
+  assert {name: saved.model[name] for name in before} == before
+  model, _ = sparse_jax.load(workdir)
+  assert model.encoder_positions is None and model.encoder_out is not None
+  with pytest.raises(ConfigError, match="model.positions"):
+    train_and_evaluate(cli_config(*TINY, "--config.train.steps=2"), workdir)
