@@ -3,7 +3,8 @@
     python -m benchmarks.decode [--shape=800m] [--layers=4] [--out=benchmarks/decode_cpu.json]
     python -m benchmarks.decode --shape=17b --block_only --out=benchmarks/decode_17b_cpu.json
 
-Times one decoded token (batch 1, a KV cache of `--context` positions, float32, random weights)
+Times one decoded token (batch 1, a KV cache of `--context` positions, donated and updated in
+place as a decoding loop does, float32, random weights)
 for one decoder block and, unless `--block_only`, for a small whole model, for four variants:
 the dense block (causal attention, dense FF), SparseFF, sparse QKV (with `d_ff` raised by
 `2 d_model`, the parameters the sparse QKV layer frees: the paper's 4096 -> 6144) and both.
@@ -23,6 +24,7 @@ rotary rotation.
 """
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -90,13 +92,17 @@ def model_config(variant: str, shape: dict, n_layers: int,
   return ml_collections.ConfigDict(cfg)
 
 
-def median_seconds(fn, args, repeats: int) -> float:
-  jax.block_until_ready(fn(*args))  # compile
+def median_seconds(step, state, cache, x, repeats: int, reset=lambda cache: cache) -> float:
+  """Median seconds of `step(state, cache, x) -> (y, cache)` with the cache donated and fed
+  back, as a decoding loop runs it (so the cache is updated in place, not copied);
+  `reset(cache)` before each call keeps the position fixed. The first call compiles."""
   times = []
-  for _ in range(repeats):
+  for call in range(repeats + 1):
+    cache = reset(cache)
     start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
+    cache = jax.block_until_ready(step(state, cache, x))[1]
+    if call:
+      times.append(time.perf_counter() - start)
   return statistics.median(times)
 
 
@@ -120,24 +126,35 @@ def xla_flops(compiled) -> float:
   return float(analysis.get("flops", 0.0))
 
 
-def time_block(cfg, context: int, repeats: int) -> dict:
-  """One block's `decode` of a token after `context` cached ones: median seconds, the bytes
-  it must read (`bytes_read`) and XLA's FLOP count."""
+def _timed(module: nnx.Module, decode_fn, cache, h, repeats: int) -> dict:
+  """`decode_fn(module, cache, h) -> (y, cache)` jitted with the cache donated: median
+  seconds, the bytes it must read (`bytes_read`) and XLA's FLOP count."""
+  graphdef, state = nnx.split(module)
+  nbytes = bytes_read(module, cache)
+
+  @functools.partial(jax.jit, donate_argnums=1)
+  def step(state, cache, h_b1d):
+    return decode_fn(nnx.merge(graphdef, state), cache, h_b1d)
+
+  flops = xla_flops(step.lower(state, cache, h).compile())
+  return {"seconds": median_seconds(step, state, cache, h, repeats), "bytes": nbytes,
+          "flops": flops}
+
+
+def time_block(cfg, context: int, repeats: int) -> dict[str, dict]:
+  """One block's `decode` of a token after `context` cached ones (`_timed`), and its two
+  halves alone: the attention (with its cache) and the FF (its sparse decode path if any)."""
   block = DecoderBlock(validate_model_config(cfg), rngs=nnx.Rngs(0))
   block.eval()
-  graphdef, state = nnx.split(block)
-  cache = block.attn.init_cache(1, context + 1, jnp.float32)
-  nbytes = bytes_read(block, cache)
-  del block
-
-  @jax.jit
-  def step(state, cache, h_b1d):
-    return nnx.merge(graphdef, state).decode(h_b1d, cache, jnp.int32(context))
-
+  position = jnp.int32(context)
+  new_cache = lambda: block.attn.init_cache(1, context + 1, jnp.float32)
   h = jax.random.normal(jax.random.key(0), (1, 1, cfg.d_model))
-  flops = xla_flops(step.lower(state, cache, h).compile())
-  return {"seconds": median_seconds(step, (state, cache, h), repeats), "bytes": nbytes,
-          "flops": flops}
+  ff_decode = lambda ff, x: ff.decode(x) if ff.has_sparse_decode else ff(x)[0]
+  return {
+      "block": _timed(block, lambda m, c, x: m.decode(x, c, position), new_cache(), h, repeats),
+      "attn": _timed(block.attn, lambda m, c, x: m.decode(x, c, position), new_cache(), h,
+                     repeats),
+      "ff": _timed(block.ff, lambda m, c, x: (ff_decode(m, x), c), (), h, repeats)}
 
 
 def time_model(cfg, context: int, repeats: int) -> float:
@@ -146,13 +163,13 @@ def time_model(cfg, context: int, repeats: int) -> float:
   lm.eval()
   graphdef, state = nnx.split(lm)
   cache = lm.init_cache(1, context + 1)
-  cache["position"] = jnp.int32(context)
 
-  @jax.jit
+  @functools.partial(jax.jit, donate_argnums=1)
   def step(state, cache, tokens_b1):
     return nnx.merge(graphdef, state).decode_step(tokens_b1, cache)
 
-  return median_seconds(step, (state, cache, jnp.zeros((1, 1), jnp.int32)), repeats)
+  return median_seconds(step, state, cache, jnp.zeros((1, 1), jnp.int32), repeats,
+                        reset=lambda cache: {**cache, "position": jnp.int32(context)})
 
 
 def peak_rss_gib() -> float:
@@ -184,14 +201,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def measure(variant: str, args: argparse.Namespace, shape: dict, peaks: dict) -> dict:
   cfg = model_config(variant, shape, args.layers, args.d_lowrank)
-  block = time_block(cfg, args.context, args.repeats)
-  bytes_ms = 1000 * block["bytes"] / (peaks["read_gb_s"] * 1e9)
-  flops_ms = 1000 * block["flops"] / (peaks["matmul_gflop_s"] * 1e9)
-  row = {"variant": variant, "d_ff": cfg.ff.d_ff, "block_ms": 1000 * block["seconds"],
-         "block_mb_read": block["bytes"] / 1e6, "block_flops": block["flops"],
-         "bytes_bound_ms": bytes_ms, "flops_bound_ms": flops_ms}
-  row["x_bytes_bound"] = row["block_ms"] / bytes_ms
-  row["x_roofline"] = row["block_ms"] / max(bytes_ms, flops_ms)
+  row = {"variant": variant, "d_ff": cfg.ff.d_ff}
+  for part, timed in time_block(cfg, args.context, args.repeats).items():
+    bytes_ms = 1000 * timed["bytes"] / (peaks["read_gb_s"] * 1e9)
+    flops_ms = 1000 * timed["flops"] / (peaks["matmul_gflop_s"] * 1e9)
+    prefix = "" if part == "block" else f"{part}_"
+    row.update({f"{part}_ms": 1000 * timed["seconds"], f"{part}_mb_read": timed["bytes"] / 1e6,
+                f"{part}_flops": timed["flops"], f"{prefix}bytes_bound_ms": bytes_ms,
+                f"{prefix}flops_bound_ms": flops_ms})
+    row[f"{prefix}x_bytes_bound"] = row[f"{part}_ms"] / bytes_ms
+    row[f"{prefix}x_roofline"] = row[f"{part}_ms"] / max(bytes_ms, flops_ms)
   gc.collect()
   if not args.block_only:
     row["model_ms"] = 1000 * time_model(cfg, args.context, args.repeats)
@@ -203,7 +222,8 @@ def measure(variant: str, args: argparse.Namespace, shape: dict, peaks: dict) ->
 def print_table(rows: list[dict], paper: dict | None) -> None:
   dense = rows[0]
   header = (f"{'variant':<14} {'d_ff':>6} {'block ms':>10} {'x dense':>8} {'MB read':>9} "
-            f"{'x bytes bd':>10} {'x roofline':>10}")
+            f"{'x bytes bd':>10} {'x roofline':>10} {'attn ms':>8} {'x rf':>5} "
+            f"{'FF ms':>8} {'x rf':>5}")
   header += f" {'paper x':>8}" if paper else ""
   header += "" if "model_ms" not in dense else f" {'model ms':>9} {'x dense':>8}"
   print(header)
@@ -211,7 +231,9 @@ def print_table(rows: list[dict], paper: dict | None) -> None:
     r["block_speedup"] = dense["block_ms"] / r["block_ms"]
     line = (f"{r['variant']:<14} {r['d_ff']:>6} {r['block_ms']:>10.3f} "
             f"{r['block_speedup']:>8.2f} {r['block_mb_read']:>9.1f} "
-            f"{r['x_bytes_bound']:>10.2f} {r['x_roofline']:>10.2f}")
+            f"{r['x_bytes_bound']:>10.2f} {r['x_roofline']:>10.2f} "
+            f"{r['attn_ms']:>8.3f} {r['attn_x_roofline']:>5.2f} "
+            f"{r['ff_ms']:>8.3f} {r['ff_x_roofline']:>5.2f}")
     if paper:
       line += f" {paper['dense'] / paper[r['variant']]:>8.2f}"
     if "model_ms" in r:

@@ -84,13 +84,13 @@ def lsh_cache(attn: LSHSelfAttention, cache: dict, key: jax.Array, length: int) 
 
 
 def dense_cache(cache: dict, key: jax.Array, length: int) -> dict:
-  """A dense KV cache (`[B, max_len, H, Dh]` each) with random keys and values at positions
+  """A dense KV cache (`[B, H, max_len, Dh]` each) with random keys and values at positions
   0..L-1."""
   filled = dict(cache)
   for name, k in zip(("k", "v"), jax.random.split(key)):
-    b, _, h, dh = cache[name].shape
-    filled[name] = cache[name].at[:, :length].set(
-        jax.random.normal(k, (b, length, h, dh), cache[name].dtype))
+    b, h, _, dh = cache[name].shape
+    filled[name] = cache[name].at[:, :, :length].set(
+        jax.random.normal(k, (b, h, length, dh), cache[name].dtype))
   return filled
 
 

@@ -7,9 +7,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 
-@functools.partial(jax.jit, static_argnums=(0,))
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
 def _step(graphdef, state, cache, tokens_b1, key, temperature):
-  """Feeds one token; returns the sampled next token `[B, 1]` and the new cache."""
+  """Feeds one token; returns the sampled next token `[B, 1]` and the new cache (the old one
+  is donated: updated in place)."""
   lm = nnx.merge(graphdef, state)
   lm.eval()
   logits_b1v, cache = lm.decode_step(tokens_b1, cache)

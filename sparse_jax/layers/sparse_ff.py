@@ -178,11 +178,13 @@ class SparseFF(FeedForward):
     dtype = x.dtype
     choice = jnp.argmax(self.controller_logits(x), axis=-1)  # [..., blocks]
     units = jnp.arange(0, self.d_ff, self.block_size) + choice  # [..., blocks]
-    keys_kd = jnp.take(self.w_keys[...], units, axis=0).astype(dtype)  # [..., blocks, d]
+    # `units` are in range by construction: "clip" spares the gather's out-of-range fill
+    # (a select over every gathered row).
+    keys_kd = jnp.take(self.w_keys[...], units, axis=0, mode="clip").astype(dtype)
     pre = jnp.einsum("...d,...kd->...k", x, keys_kd)
     if self.b_up is not None:
       pre = pre + jnp.take(self.b_up[...], units).astype(dtype)
-    values_kd = jnp.take(self.w_values[...], units, axis=0).astype(dtype)  # [..., blocks, d]
+    values_kd = jnp.take(self.w_values[...], units, axis=0, mode="clip").astype(dtype)
     return jnp.einsum("...k,...kd->...d", jax.nn.relu(pre).astype(dtype),
                       values_kd) + self.b_down[...].astype(dtype)
 

@@ -19,7 +19,7 @@ Trax allows S != H (its 17B model: 96 heads, S = 64): the convolutions' `[S, M]`
 flattened to `d_model` and split into H heads of `d_model / H` channels (Trax's
 `MergeLastTwoAxes` then `SplitIntoHeads`), so a head may straddle modules.
 
-Decoding keeps the keys and values `[B, max_len, H, d_model / H]` as in dense attention, plus
+Decoding keeps the keys and values `[B, H, max_len, d_model / H]` as in dense attention, plus
 the last `F - 1` outputs `[B, F - 1, S, M]` of the multiplicative layer (F the largest
 `F_len`): exactly the convolutions' causal window (Trax's `_RememberPad`).
 """
@@ -127,7 +127,7 @@ class SparseQKVAttention(nnx.Module):
     return out_bthc.reshape(b, t, self.d_model)
 
   def init_cache(self, batch: int, max_len: int, dtype) -> dict[str, jax.Array]:
-    """Keys and values `[B, max_len, H, d_model / H]` and `mult`, the last `F - 1` layer
+    """Keys and values `[B, H, max_len, d_model / H]` and `mult`, the last `F - 1` layer
     outputs `[B, F - 1, S, M]`."""
     cache = init_kv_cache(batch, max_len, self.n_heads, self.head_dim, dtype)
     window_shape = (batch, self.window, self.n_modules, self.module_size)

@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from attention_testing import decode_all, naive_rotary
-from sparse_jax.layers.causal_attention import CausalSelfAttention
+from sparse_jax.layers.causal_attention import CausalSelfAttention, attend, attend_one
 from sparse_jax.layers.counting import count_params
 from sparse_jax.layers.rotary import apply_rotary
 
@@ -92,3 +92,27 @@ def test_rotary_scores_depend_only_on_position_difference():
 def test_rotary_needs_even_head_dim():
   with pytest.raises(ValueError, match="even head_dim"):
     CausalSelfAttention(D, H, 3, n_layers=1, rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("dtype,atol", [(jnp.float32, 1e-6), (jnp.bfloat16, 1.6e-2)])
+def test_one_query_attention_equals_attend_on_the_updated_cache(dtype, atol):
+  """`attend_one` (decoding: the head-major cache before the update, plus the new row)
+  against `attend` on the cache with the new row written at `position`, the same mask and
+  dropout key. The cache's old row at `position` and the rows after it hold garbage, which
+  must not be read; bfloat16 within its rounding (one ulp near 2 is 1/64)."""
+  position, n_keys = 5, 9
+  keys = jax.random.split(jax.random.key(3), 5)
+  q = jax.random.normal(keys[0], (B, 1, H, C)).astype(dtype)
+  k_old, v_old = (100 * jax.random.normal(key, (B, n_keys, H, C)).astype(dtype)
+                  for key in keys[1:3])
+  k_new, v_new = (jax.random.normal(key, (B, 1, H, C)).astype(dtype) for key in keys[3:])
+  k, v = (old.at[:, position].set(new[:, 0]) for old, new in ((k_old, k_new), (v_old, v_new)))
+  mask = (jnp.arange(n_keys) <= position)[None, :]
+  head_major = lambda a: jnp.swapaxes(a, 1, 2)
+  want = attend(q, k, v, mask, nnx.Dropout(0.3, rngs=nnx.Rngs(dropout=7)))
+  got = attend_one(q, head_major(k_old.at[:, position].set(1e4)), head_major(v_old),
+                   head_major(k_new), head_major(v_new), jnp.int32(position),
+                   nnx.Dropout(0.3, rngs=nnx.Rngs(dropout=7)))
+  assert got.dtype == want.dtype == dtype
+  np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                             atol=atol)

@@ -145,7 +145,7 @@ def test_decode_step_by_step_matches_full_forward(case):
 def test_cache_holds_the_convolution_window_in_modules_and_keys_in_heads():
   cache = make_attention("s2_h6").init_cache(B, 10, jnp.bfloat16)
   assert cache["mult"].shape == (B, 3, 2, 6)  # longest F_len is 4; S = 2 modules of M = 6
-  assert cache["k"].shape == cache["v"].shape == (B, 10, 6, 2)  # H = 6 heads of 2
+  assert cache["k"].shape == cache["v"].shape == (B, 6, 10, 2)  # H = 6 heads of 2, head-major
   assert all(a.dtype == jnp.bfloat16 for a in cache.values())
 
 
