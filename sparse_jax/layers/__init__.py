@@ -5,6 +5,7 @@ from sparse_jax.layers.causal_attention import CausalSelfAttention
 from sparse_jax.layers.counting import count_params
 from sparse_jax.layers.dense_ff import DenseFF
 from sparse_jax.layers.feed_forward import FeedForward
+from sparse_jax.layers.fixed_base_positions import FixedBasePositions
 from sparse_jax.layers.lsh_attention import LSHSelfAttention
 from sparse_jax.layers.moe import MoE, SigmaMoE
 from sparse_jax.layers.multiplicative_dense import MultiplicativeDense
@@ -18,6 +19,6 @@ from sparse_jax.layers.topk_ff import TopKFF
 from sparse_jax.layers.xl_attention import RelativeMultiHeadAttention
 
 __all__ = ["BottleneckAdapter", "CausalSelfAttention", "DenseFF", "FeedForward",
-           "LSHSelfAttention", "LowRankSRU", "MoE", "MultiplicativeDense", "PKM",
+           "FixedBasePositions", "LSHSelfAttention", "LowRankSRU", "MoE", "MultiplicativeDense", "PKM",
            "RelativeMultiHeadAttention", "SigmaMoE", "SparseFF", "SparseQKVAttention",
            "SpartanMemory", "TopKFF", "build_ff", "count_params", "ff_kinds", "register_ff"]
