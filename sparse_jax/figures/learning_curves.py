@@ -32,15 +32,25 @@ def _series(records: list[dict], metric: str) -> dict[str, dict[str, list]]:
           for split, points in latest.items()}
 
 
+def run_labels(run_dirs: list[str]) -> list[str]:
+  """Each run's label: the fewest trailing path components that tell the runs apart
+  (`sigma_moe/seed0` and `dense/seed0`, not `seed0` twice)."""
+  parts = [os.path.normpath(run_dir).split(os.sep) for run_dir in run_dirs]
+  for n in range(1, max(map(len, parts)) + 1):
+    labels = ["/".join(p[-n:]) for p in parts]
+    if len(set(labels)) == len(labels):
+      return labels
+  return labels
+
+
 def compute_learning_curves(run_dirs: list[str], metric: str = "loss") -> dict:
-  """Per run (labelled by its directory's name): the series of `metric` per split."""
+  """Per run (labelled by `run_labels`): the series of `metric` per split."""
   runs = []
   available = set()
-  for run_dir in run_dirs:
+  for run_dir, label in zip(run_dirs, run_labels(run_dirs)):
     records = read_metrics(run_dir)
     available.update(k for r in records for k in r if k not in ("step", "split"))
-    runs.append({"label": os.path.basename(os.path.normpath(run_dir)), "run_dir": run_dir,
-                 "series": _series(records, metric)})
+    runs.append({"label": label, "run_dir": run_dir, "series": _series(records, metric)})
   if not any(run["series"] for run in runs):
     raise ValueError(f"no run logged metric {metric!r}; logged metrics: {sorted(available)}.")
   return {"metric": metric, "runs": runs}

@@ -51,3 +51,9 @@ def test_missing_file_and_unknown_metric_are_named(tmp_path):
   _write_run(tmp_path / "a", {1: 5.0}, {})
   with pytest.raises(ValueError, match=r"'perplexity'.*\['bits_per_byte', 'loss'\]"):
     learning_curves.compute_learning_curves([str(tmp_path / "a")], "perplexity")
+
+
+def test_labels_are_the_shortest_path_ends_that_tell_runs_apart():
+  assert learning_curves.run_labels(["r/dense/seed0", "r/sigma_moe/seed0/"]) == [
+      "dense/seed0", "sigma_moe/seed0"]
+  assert learning_curves.run_labels(["runs/a", "runs/b"]) == ["a", "b"]
