@@ -23,8 +23,9 @@ Trax's training details are the defaults, each with this library's earlier choic
 option (`models.terraformer_config`): `positions="fixed_base"` (Trax's learned encoding with
 random start offsets in training, `layers.fixed_base_positions`; "sinusoid": fixed sinusoids
 from 0, added before the dropout), `embedding_init="uniform"` (std 1/sqrt(d_model)),
-`shared_dropout` (masks shared along the length axis), and `reversible_encoder=True` joins
-each encoder stream to the decoder as it is (Trax's C4 setting; no Dense + LayerNorm).
+`shared_dropout` (Trax's dropout sites and mask shapes, `models.terraformer_blocks`).
+`reversible_encoder=True` (Trax's C4 setting; off by default, as in Trax) joins each encoder
+stream to the decoder as it is, without the Dense + LayerNorm.
 
 Training: `logits, aux = model(inputs_bs, targets_bt)`. Decoding (`greedy_decode`) runs one
 concatenated position at a time through the decoder's caches: the encoder's outputs first,
