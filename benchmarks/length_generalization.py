@@ -23,8 +23,7 @@ import time
 import jax
 
 from configs import terraformer_arithmetic
-from sparse_jax.tasks import train_and_evaluate
-from sparse_jax.tasks.runs import evaluate_checkpoint
+from sparse_jax.tasks.runs import evaluate_checkpoint, train_to_completion
 
 # Table 4 (per digit, whole sequence), trained on <= 128 digits, tested on 256-300.
 PAPER = {("copy", "terraformer"): (0.999, 0.939), ("copy", "transformer"): (0.798, 0.0),
@@ -48,7 +47,7 @@ def run(task: str, model: str, steps: int | None, scale: int, workdir: str) -> d
   scaled_lengths(config.data, scale)
   path = os.path.join(workdir, f"{task}_{model}")
   started = time.perf_counter()
-  train_and_evaluate(config, path)
+  train_to_completion(config, path)
   minutes = (time.perf_counter() - started) / 60
   scores = {split: evaluate_checkpoint(path, split=split)[0] for split in ("validation", "test")}
   paper_digit, paper_seq = PAPER.get((task, model), (None, None))

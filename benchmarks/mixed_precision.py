@@ -20,7 +20,7 @@ import tempfile
 
 from benchmarks.machine import machine_info
 from configs import default
-from sparse_jax.tasks import train_and_evaluate
+from sparse_jax.tasks.runs import train_to_completion
 
 DTYPES = ("float32", "bfloat16")
 
@@ -30,7 +30,7 @@ def train(dtype: str, steps: int, log_every: int, workdir: str) -> dict:
   config = default.get_config()
   config.model.dtype = dtype
   config.train.update(steps=steps, log_every=log_every, eval_every=steps, ckpt_every=steps)
-  final = train_and_evaluate(config, workdir)
+  final = train_to_completion(config, workdir)
   with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
     lines = [json.loads(line) for line in f]
   train_lines = [x for x in lines if x["split"] == "train"]

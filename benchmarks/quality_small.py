@@ -27,7 +27,7 @@ from benchmarks import prose_corpus
 from benchmarks.machine import machine_info, write_result
 from configs import quality_medium, quality_small
 from sparse_jax.models.accounting import model_report
-from sparse_jax.tasks import train_and_evaluate
+from sparse_jax.tasks.runs import train_to_completion
 
 # Every variant has the dense FF's 132k parameters per layer (within 1.2%, PKM), in the form
 # the sigma-MoE authors ran it (docs/sigma_moe.md "Feed-forward kinds"): Switch with G = K*G,
@@ -89,7 +89,7 @@ def run(config_name: str, corpus: str, variant: str, seed: int, steps: int | Non
                         ckpt_every=min(config.train.ckpt_every, steps))
   resumed_from = logged_steps(workdir)
   started = time.perf_counter()
-  final = train_and_evaluate(config, workdir)
+  final = train_to_completion(config, workdir)
   report = model_report(config.model)
   result = {"config": config_name, "corpus": corpus, "variant": variant, "seed": seed,
             "steps": config.train.steps, "valid_bits_per_byte": final["bits_per_byte"],

@@ -21,7 +21,7 @@ import time
 import jax
 
 from configs import default, spartan_stdlib
-from sparse_jax.tasks import train_and_evaluate
+from sparse_jax.tasks.runs import train_to_completion
 from sparse_jax.tasks.seed_runs import run_seeds
 
 METRICS = ("accuracy", "matthews_corrcoef")
@@ -29,7 +29,7 @@ METRICS = ("accuracy", "matthews_corrcoef")
 
 def pretrain_backbone(workdir: str) -> str:
   path = os.path.join(workdir, "backbone")
-  train_and_evaluate(default.get_config(), path)  # resumes, or only evaluates when finished
+  train_to_completion(default.get_config(), path)  # resumes, or only evaluates when finished
   return path
 
 
@@ -37,7 +37,7 @@ def run_method(method: str, seeds: list[int], backbone: str, workdir: str) -> di
   config = spartan_stdlib.get_config(method)
   config.backbone.path = backbone
   started = time.perf_counter()
-  summary = run_seeds(config, os.path.join(workdir, method), seeds, train_and_evaluate)
+  summary = run_seeds(config, os.path.join(workdir, method), seeds, train_to_completion)
   if summary is None:
     raise SystemExit("interrupted: run the same command again to resume.")
   return {"method": method, "seeds": seeds, "minutes_per_run":

@@ -1,5 +1,5 @@
 """benchmarks/quality_small.py's bookkeeping (seeds, error bars, resuming) and its prose corpus,
-without training: `train_and_evaluate` is replaced by a stub that records its calls."""
+without training: `train_to_completion` is replaced by a stub that records its calls."""
 
 import json
 import os
@@ -10,6 +10,7 @@ import pytest
 from benchmarks import prose_corpus, quality_small
 from configs import quality_medium
 from sparse_jax.models.accounting import model_report
+from sparse_jax.tasks.runs import RunInterrupted
 
 
 def _run(corpus, variant, seed, bpb):
@@ -43,7 +44,7 @@ def test_a_finished_run_is_read_back_not_redone(tmp_path, monkeypatch):
       f.write(json.dumps({"split": "train", "tokens_per_second": 1000.0}) + "\n")
     return {"bits_per_byte": 2.5 + config.seed}
 
-  monkeypatch.setattr(quality_small, "train_and_evaluate", fake_train)
+  monkeypatch.setattr(quality_small, "train_to_completion", fake_train)
   args = ["--variants=dense,sigma_moe", "--seeds=0,1", "--steps=10",
           f"--workdir={tmp_path}", f"--out={tmp_path / 'out.json'}"]
   first = quality_small.main(args)
@@ -53,6 +54,19 @@ def test_a_finished_run_is_read_back_not_redone(tmp_path, monkeypatch):
   second = quality_small.main(args)
   assert len(calls) == 4 and second["runs"] == first["runs"]
   assert json.loads((tmp_path / "out.json").read_text())["summary"] == second["summary"]
+
+
+def test_an_interrupted_run_is_not_recorded(tmp_path, monkeypatch):
+  def stopped(config, workdir):
+    raise RunInterrupted(f"the run in {workdir} was stopped at step 3")
+
+  monkeypatch.setattr(quality_small, "train_to_completion", stopped)
+  with pytest.raises(RunInterrupted):
+    quality_small.main(["--variants=dense", f"--workdir={tmp_path}",
+                        f"--out={tmp_path / 'out.json'}"])
+  assert not (tmp_path / "quality_small" / "builtin" / "dense" / "seed0" /
+              quality_small.RESULT_FILE).exists()
+  assert not (tmp_path / "out.json").exists()
 
 
 def test_unknown_variants_and_corpora_are_refused():

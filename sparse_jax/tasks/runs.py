@@ -31,6 +31,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   return run_task(task_for(config), workdir, mesh)
 
 
+class RunInterrupted(RuntimeError):
+  """A run SIGTERM/SIGINT stopped before its last step (its checkpoint is saved)."""
+
+
+def train_to_completion(config: ml_collections.ConfigDict, workdir: str, *,
+                        mesh: Mesh | None = None) -> dict[str, float]:
+  """`train_and_evaluate` for callers that record the result (benchmarks): raises
+  `RunInterrupted` instead of returning the metrics of a run stopped early, so that a
+  partial run is never recorded as finished; running it again resumes it."""
+  final = train_and_evaluate(config, workdir, mesh=mesh)
+  if final.get("interrupted"):
+    raise RunInterrupted(f"the run in {workdir} was stopped at step {final['step']} "
+                         f"(checkpoint saved); run the same command again to resume it.")
+  return final
+
+
 def saved_config(workdir: str, step: int | None = None
                  ) -> tuple[int, ml_collections.ConfigDict]:
   """`(step, config)` of checkpoint `step` (default: the latest) in `workdir`, with fields

@@ -15,7 +15,8 @@ import sparse_jax
 from configs import terraformer_arithmetic
 from sparse_jax.data import arithmetic
 from sparse_jax.tasks import Seq2SeqTask, task_class, train_and_evaluate, validate_config
-from sparse_jax.tasks.runs import evaluate_checkpoint, saved_config
+from sparse_jax.tasks.runs import (RunInterrupted, evaluate_checkpoint, saved_config,
+                                  train_to_completion)
 from sparse_jax.training.resume_config import FIELDS_ADDED_LATER
 from sparse_jax.training.task import Task
 from sparse_jax.validation import ConfigError
@@ -119,3 +120,15 @@ def test_a_checkpoint_saved_before_the_trax_options_rebuilds_its_model(tmp_path,
   assert model.encoder_positions is None and model.encoder_out is not None
   with pytest.raises(ConfigError, match="model.positions"):
     train_and_evaluate(cli_config(*TINY, "--config.train.steps=2"), workdir)
+
+
+def test_train_to_completion_refuses_to_report_a_stopped_run(tmp_path, monkeypatch):
+  """What benchmarks record: a run SIGTERM stops raises `RunInterrupted` (not its partial
+  metrics); the same call again resumes it to the end."""
+  workdir = str(tmp_path / "run")
+  flags = [*TINY, "--config.train.steps=3"]
+  with monkeypatch.context() as m:
+    patch_step(m, sigterm_at(1))
+    with pytest.raises(RunInterrupted, match="stopped at step 2"):
+      train_to_completion(cli_config(*flags), workdir)
+  assert train_to_completion(cli_config(*flags), workdir)["step"] == 3
