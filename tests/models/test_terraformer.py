@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import terraformer_testing
 from configs import terraformer_arithmetic
-from sparse_jax.models.rngs import make_rngs, reseed
+from sparse_jax.models.rngs import make_rngs
 from sparse_jax.models.terraformer import Terraformer, concat_with_padding, strip_decoder
 from sparse_jax.models.terraformer_config import TerraformerConfig
 from sparse_jax.validation import ConfigError
@@ -107,18 +108,7 @@ def loss_and_grads(reversible: bool, **overrides):
   random position offsets) with the same weights and the same RNG keys."""
   model = Terraformer(tiny_config(reversible=reversible, dropout=0.1, attn_dropout=0.1,
                                   **overrides), rngs=make_rngs(0))
-  model.train()
-  reseed(model, 0, 3)
-  inputs, targets = padded_inputs()
-
-  def loss_fn(model):
-    logits, aux = model(inputs, targets)
-    logp = jax.nn.log_softmax(logits, -1)
-    return -jnp.take_along_axis(logp, targets[..., None], -1).mean() + aux["reg_loss"]
-
-  # Jitted: eager dispatch of the reversible stack's many small ops is slower than compiling.
-  loss, grads = nnx.jit(nnx.value_and_grad(loss_fn))(model)
-  return loss, nnx.to_pure_dict(grads)
+  return terraformer_testing.loss_and_grads(model, *padded_inputs())
 
 
 @pytest.mark.parametrize("reversible_encoder", [False, True])

@@ -12,10 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
+import terraformer_testing
 from configs import terraformer_arithmetic
-from sparse_jax.models.rngs import make_rngs, reseed
+from sparse_jax.models.rngs import make_rngs
 from sparse_jax.models.terraformer import Terraformer
 from sparse_jax.models.terraformer_blocks import AttentionHalf, FeedForwardHalf
 from sparse_jax.models.terraformer_config import TerraformerConfig
@@ -179,19 +179,10 @@ def loss_and_grads(reversible: bool):
                                  encoder_attention="dense", decoder_attention="dense",
                                  n_decoder_attention_layers=1, sru_units=0, ff=DENSE_FF),
                       rngs=make_rngs(0))
-  model.train()
-  reseed(model, 0, 3)
   rng = np.random.default_rng(0)
   inputs = jnp.asarray(rng.integers(2, 12, size=(3, 9)))
   targets = jnp.asarray(rng.integers(2, 12, size=(3, 7)))
-
-  def loss_fn(model):
-    logits, aux = model(inputs, targets)
-    logp = jax.nn.log_softmax(logits, -1)
-    return -jnp.take_along_axis(logp, targets[..., None], -1).mean() + aux["reg_loss"]
-
-  loss, grads = nnx.jit(nnx.value_and_grad(loss_fn))(model)
-  return loss, nnx.to_pure_dict(grads)
+  return terraformer_testing.loss_and_grads(model, inputs, targets)
 
 
 def test_reversible_gradients_with_shared_masks_equal_the_stored_activation_ones():
