@@ -149,11 +149,12 @@ def time_block(cfg, context: int, repeats: int) -> dict[str, dict]:
   position = jnp.int32(context)
   new_cache = lambda: block.attn.init_cache(1, context + 1, jnp.float32)
   h = jax.random.normal(jax.random.key(0), (1, 1, cfg.d_model))
+  ff_decode = lambda ff, x: ff.decode(x) if ff.has_sparse_decode else ff(x)[0]
   return {
       "block": _timed(block, lambda m, c, x: m.decode(x, c, position), new_cache(), h, repeats),
       "attn": _timed(block.attn, lambda m, c, x: m.decode(x, c, position), new_cache(), h,
                      repeats),
-      "ff": _timed(block.ff, lambda m, c, x: (m.decode(x), c), (), h, repeats)}
+      "ff": _timed(block.ff, lambda m, c, x: (ff_decode(m, x), c), (), h, repeats)}
 
 
 def time_model(cfg, context: int, repeats: int) -> float:

@@ -26,7 +26,6 @@ import time
 from benchmarks import prose_corpus
 from benchmarks.machine import machine_info, write_result
 from configs import quality_medium, quality_small
-from sparse_jax.figures.learning_curves import read_metrics
 from sparse_jax.models.accounting import model_report
 from sparse_jax.tasks.runs import train_to_completion
 
@@ -59,15 +58,18 @@ def variant_config(config_name: str, variant: str):
 
 def step_seconds(workdir: str, tokens_per_step: int) -> float:
   """Median training step time from the run's logged tokens per second."""
-  rates = sorted(r["tokens_per_second"] for r in read_metrics(workdir) if r["split"] == "train")
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rates = sorted(r["tokens_per_second"] for r in map(json.loads, f) if r["split"] == "train")
   return tokens_per_step / rates[len(rates) // 2]
 
 
 def logged_steps(workdir: str) -> int:
   """The last training step an earlier, interrupted invocation logged (0 for a fresh run)."""
-  if not os.path.exists(os.path.join(workdir, "metrics.jsonl")):
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
     return 0
-  return max((r["step"] for r in read_metrics(workdir) if r["split"] == "train"), default=0)
+  with open(path) as f:
+    return max((r["step"] for r in map(json.loads, f) if r["split"] == "train"), default=0)
 
 
 def run(config_name: str, corpus: str, variant: str, seed: int, steps: int | None,

@@ -11,16 +11,11 @@ class FeedForward(nnx.Module):
 
   A subclass provides `y, aux = layer(x)` with `x, y: [..., d_model]` and `aux["reg_loss"]` a
   scalar already multiplied by the layer's coefficient, and `flops_per_token()`, its
-  multiply-adds per token. `y = layer.decode(x)` (same shapes, no aux) is the output a model
-  takes when decoding: the layer's own output here; a layer with a cheaper evaluation path
-  overrides it and sets `has_sparse_decode`.
+  multiply-adds per token. `has_sparse_decode` declares a cheaper evaluation path
+  `y = layer.decode(x)` (same shapes, no aux) that a model takes when decoding.
   """
 
   has_sparse_decode: ClassVar[bool] = False
-
-  def decode(self, x: jax.Array) -> jax.Array:
-    """The output `y` of `x` for decoding; layers with a sparse path override this."""
-    return self(x)[0]
 
   def token_rows(self, x: jax.Array, d_model: int) -> jax.Array:
     """`x [..., d_model]` as token rows `[N, d_model]`; raises `ValueError` naming the layer

@@ -187,7 +187,7 @@ class FeedForwardHalf(nnx.Module):
     """One token, the FF's sparse decode path when it has one: `(y [B, 1, d], carry)`."""
     del position
     h_b1d = self.norm(x_b1d).astype(self.dtype)
-    y_b1d = self.ff.decode(h_b1d)
+    y_b1d = self.ff.decode(h_b1d) if self.ff.has_sparse_decode else self.ff(h_b1d)[0]
     y_b1d = self.dropout(y_b1d)
     if self.sru is not None:
       branch_b1d, carry = self.sru.decode(self.sru_norm(x_b1d).astype(self.dtype), carry)
