@@ -37,17 +37,20 @@ tune_budget_s=${TUNE_BUDGET_S:-120}
 python=${PYTHON:-python3}
 cd "$(dirname "$0")/.."
 
-if ! compgen -G "$wheels/*.whl" >/dev/null; then
-  echo "no wheels in $wheels: build them where an index is reachable with" >&2
+if [[ ! -f $wheels/requirements.lock ]]; then
+  echo "no requirements.lock in $wheels: build the bundle where an index is reachable with" >&2
   echo "  python -m benchmarks.offline_bundle --python 3.12 --out $1" >&2
   exit 2
 fi
 exec > >(tee "$out/gpu_offline.log") 2>&1
 
 site=$(mktemp -d "${TMPDIR:-/tmp}/sparse_jax_site.XXXXXX")
-echo "installing $(ls "$wheels"/*.whl | wc -l) wheels from $wheels into $site"
+# Exactly the bundle's lock, hashes checked: a wheel left in the folder by an older bundle
+# (tokamax 0.0.12 once was, and failed on the node's JAX) is not installed.
+echo "installing the $(grep -c == "$wheels/requirements.lock") wheels of $wheels/requirements.lock into $site"
 "$python" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir \
-  --disable-pip-version-check --target "$site" "$wheels"/*.whl
+  --disable-pip-version-check --find-links "$wheels" --require-hashes \
+  -r "$wheels/requirements.lock" --target "$site"
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 

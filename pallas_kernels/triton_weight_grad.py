@@ -33,11 +33,15 @@ class WeightGradBlocks:
 
 
 def weight_grad_blocks(num_rows: int, m: int, l: int, dtype) -> WeightGradBlocks:
-  """Tiles for dW[e][M, L] = x_e^T @ dy_e: 64 rows of M by 128 (16-bit) or 64 (f32) columns
-  of L, 64 (16-bit) or 32 (f32) slot rows per step (not tuned on a GPU yet)."""
-  wide = jnp.dtype(dtype).itemsize >= 4
-  return WeightGradBlocks(rows_m=pow2_block(64, m), cols=pow2_block(64 if wide else 128, l),
-                          inner=pow2_block(32 if wide else 64, num_rows))
+  """Tiles for dW[e][M, L] = x_e^T @ dy_e. 16-bit: 128 x 128 tiles, 32 slot rows per step,
+  the best of `benchmarks/tune_blocks.py`'s grid on both the H200 and the H100 runs (sum of
+  the two projections 27% and 12% below the earlier 64 x 128 x 64; benchmarks/RESULTS.md).
+  float32 (not tuned on a GPU yet): 64 x 64 tiles, 32 rows per step."""
+  if jnp.dtype(dtype).itemsize >= 4:
+    return WeightGradBlocks(rows_m=pow2_block(64, m), cols=pow2_block(64, l),
+                            inner=pow2_block(32, num_rows))
+  return WeightGradBlocks(rows_m=pow2_block(128, m), cols=pow2_block(128, l),
+                          inner=pow2_block(32, num_rows))
 
 
 def _weight_grad_kernel(starts_ref, sizes_ref, x_ref, dy_ref, dw_ref, *,

@@ -127,12 +127,15 @@ def test_bundle_installs_with_no_index_and_runs_the_smoke_suite(tmp_path):
     assert refused.returncode != 0
     assert "no GPU visible to JAX" in refused.stdout + refused.stderr
     assert not (tmp_path / "refused" / "gpu_suite.json").exists()
+  # A wheel an older bundle left in the folder is not installed: only the lock is.
+  _wheel(wheels, "stray", "1.0")
   ran = _gpu_offline("--smoke", str(wheels), str(out), tmp_path=tmp_path)
   assert ran.returncode == 0, (ran.stdout + ran.stderr)[-3000:]
   assert sorted(p.name for p in out.iterdir()) == [
       "decode.json", "environment.txt", "gpu_offline.log", "gpu_suite.json", "gpu_suite.md",
       "tune_blocks.json"]
   # The packages the bundle brings were imported from the fresh folder, not this machine's.
+  assert not list(tmp_path.glob("sparse_jax_site.*/stray")), "a wheel outside the lock"
   environment = (out / "environment.txt").read_text()
   for name in ("grain", "tensorflow-datasets", "ml-collections"):
     line = next(l for l in environment.splitlines() if l.startswith(name + " "))
