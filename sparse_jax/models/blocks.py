@@ -9,7 +9,11 @@ bottleneck adapters on the sublayers (`sparse_jax.layers.adapters`). The attenti
   inputs from previous segments);
 - `causal`: standard causal attention with dense Q, K, V and output (KV cache when decoding);
 - `sparse_qkv`: Scaling Transformers' multiplicative + convolutional Q, K, V without an
-  output layer (Sec. 3.2).
+  output layer (Sec. 3.2);
+- `switchhead`: SwitchHead (Csordas et al. 2024), V and O projections as mixtures of experts
+  per head (`layers.switchhead_attention`), causal with a KV cache; its routers' token shares
+  per head join the block's aux as `attn_v/token_share` and `attn_o/token_share` `[H, E]`
+  (routing health per head, `training.routing_health`).
 """
 
 import jax
@@ -21,6 +25,7 @@ from sparse_jax.layers.causal_attention import CausalSelfAttention
 from sparse_jax.layers.normalization import layer_norm
 from sparse_jax.layers.registry import build_ff
 from sparse_jax.layers.sparse_qkv_attention import SparseQKVAttention
+from sparse_jax.layers.switchhead_attention import SwitchHeadAttention
 from sparse_jax.layers.xl_attention import RelativeMultiHeadAttention
 from sparse_jax.models import plugins
 from sparse_jax.models.lm_config import LMConfig, head_dim_of
@@ -37,6 +42,11 @@ def build_attention(cfg: LMConfig, rngs: nnx.Rngs) -> nnx.Module:
     return CausalSelfAttention(cfg.d_model, cfg.n_heads, head_dim_of(cfg),
                                n_layers=cfg.n_layers, attn_dropout=dropout, rotary=rotary,
                                rngs=rngs)
+  if cfg.attention == "switchhead":
+    return SwitchHeadAttention(cfg.d_model, cfg.n_heads, head_dim_of(cfg), cfg.attention_experts,
+                               cfg.attention_k, n_layers=cfg.n_layers,
+                               positions="rope" if rotary else "none", attn_dropout=dropout,
+                               impl=cfg.attention_impl, rngs=rngs)
   return SparseQKVAttention(cfg.d_model, cfg.n_heads, n_modules=cfg.attention_sparsity,
                             n_layers=cfg.n_layers, attn_dropout=dropout, rotary=rotary,
                             rngs=rngs)
@@ -68,16 +78,24 @@ class DecoderBlock(nnx.Module):
     h_btd = adapted_residual(self.ff_adapter, self.dropout(y_btd), h_btd)
     return plugins.apply_memory(self.memory, h_btd, aux)
 
-  def __call__(self, h_btd, mem_bmd, mem_valid, *, decoding: bool = False):
-    """A segment `[B, T, d]`; `mem_bmd`/`mem_valid` are used by XL attention only."""
+  def _attend(self, h_btd, mem_bmd, mem_valid):
+    """The attention sublayer's output and its routing aux (SwitchHead only, else empty)."""
     if self.is_xl:
       t = h_btd.shape[1]
       ctx_bkd = jnp.concatenate([mem_bmd.astype(h_btd.dtype), h_btd], axis=1)
-      attended = self.attn(self.attn_norm(ctx_bkd), t, mem_valid)
-    else:
-      attended = self.attn(self.attn_norm(h_btd))
+      return self.attn(self.attn_norm(ctx_bkd), t, mem_valid), {}
+    if isinstance(self.attn, SwitchHeadAttention):
+      attended, aux = self.attn.apply_with_aux(self.attn_norm(h_btd))
+      return attended, {"attn_v/token_share": aux["v_token_share"],
+                        "attn_o/token_share": aux["o_token_share"]}
+    return self.attn(self.attn_norm(h_btd)), {}
+
+  def __call__(self, h_btd, mem_bmd, mem_valid, *, decoding: bool = False):
+    """A segment `[B, T, d]`; `mem_bmd`/`mem_valid` are used by XL attention only."""
+    attended, attn_aux = self._attend(h_btd, mem_bmd, mem_valid)
     h_btd = adapted_residual(self.attn_adapter, self.dropout(attended), h_btd)
-    return self._feed_forward(h_btd, decoding=decoding)
+    h_btd, aux = self._feed_forward(h_btd, decoding=decoding)
+    return h_btd, {**attn_aux, **aux}
 
   def decode(self, h_b1d: jax.Array, cache: dict, position: jax.Array):
     """One token of a non-XL block from its attention cache: `(h, cache)`."""

@@ -10,13 +10,14 @@ from typing import Literal
 import jax
 import ml_collections
 
+import pallas_kernels
 from sparse_jax import schema, validation
 from sparse_jax.layers.precision import COMPUTE_DTYPES
 from sparse_jax.layers.registry import FFConfig
 from sparse_jax.models import plugins
 from sparse_jax.models.remat import REMAT_KINDS
 
-ATTENTION_KINDS = ("xl", "causal", "sparse_qkv")
+ATTENTION_KINDS = ("xl", "causal", "sparse_qkv", "switchhead")
 ATTN_SCALES = ("fixed", "learned")
 POSITIONS = ("rotary", "sinusoidal")
 
@@ -54,9 +55,16 @@ class LMConfig(ModelConfig):
   mem_len: schema.NonNegativeInt  # XL memory positions in training (XL attention only).
   head_dim: schema.PositiveInt | None = None  # None: d_model // n_heads.
   attention: Literal[ATTENTION_KINDS] = "xl"
-  positions: Literal[POSITIONS] = "rotary"  # causal and sparse_qkv attention only.
+  # Not XL attention. "rotary": every channel of q and k rotated (SwitchHead: the first
+  # half, as its authors' SwitchHeadRope); "sinusoidal": added to the embeddings.
+  positions: Literal[POSITIONS] = "rotary"
   # S, the modules of the sparse QKV layer (sparse_qkv attention only); None: n_heads.
   attention_sparsity: schema.PositiveInt | None = None
+  # SwitchHead (switchhead attention only): E V and O experts per head, K of them active,
+  # and the grouped-matmul impl they run on (`pallas_kernels.IMPLS`).
+  attention_experts: schema.PositiveInt | None = None
+  attention_k: schema.PositiveInt | None = None
+  attention_impl: Literal[pallas_kernels.IMPLS] = "auto"
   tie_embeddings: bool = False
   loss_sparsity: schema.NonNegativeInt = 0  # S of the multiplicative output; 0: dense.
   # The sigma-MoE authors' Transformer-XL sets these four (`configs/paper_training.py`).
@@ -78,6 +86,7 @@ class LMConfig(ModelConfig):
                        f"{path}.attention_sparsity",
                        f"None or a divisor of {path}.d_model={self.d_model}",
                        self.attention_sparsity)
+    self._check_switchhead(path)
     validation.require(self.loss_sparsity == 0 or self.vocab_size % self.loss_sparsity == 0,
                        f"{path}.loss_sparsity",
                        f"0 (dense) or a divisor of {path}.vocab_size={self.vocab_size}",
@@ -87,6 +96,29 @@ class LMConfig(ModelConfig):
     validation.require(self.attn_scale == "fixed" or self.attention == "xl",
                        f"{path}.attn_scale", "'fixed' unless attention is 'xl'",
                        self.attn_scale)
+
+
+  def _check_switchhead(self, path: str) -> None:
+    """E >= 2 and 1 <= K <= E for SwitchHead, its fields left unset otherwise; the rotated
+    half of a head (SwitchHeadRope) must be an even number of channels."""
+    if self.attention != "switchhead":
+      for name in ("attention_experts", "attention_k"):
+        validation.require(getattr(self, name) is None, f"{path}.{name}",
+                           "None unless attention is 'switchhead'", getattr(self, name))
+      validation.require(self.attention_impl == "auto", f"{path}.attention_impl",
+                         "'auto' unless attention is 'switchhead'", self.attention_impl)
+      return
+    experts, k = self.attention_experts, self.attention_k
+    validation.require(experts is not None and experts >= 2, f"{path}.attention_experts",
+                       "an int >= 2 with switchhead attention (the V and O experts per head)",
+                       experts)
+    validation.require(k is not None and k <= experts, f"{path}.attention_k",
+                       f"an int in [1, {path}.attention_experts={experts}]", k)
+    rotated = head_dim_of(self) // 2
+    validation.require(self.positions != "rotary" or (rotated >= 2 and rotated % 2 == 0),
+                       f"{path}.head_dim",
+                       "a head size whose half is even and >= 2 (SwitchHead rotates the first "
+                       "half of each head's channels)", head_dim_of(self))
 
 
 def validate_model_config(cfg: ml_collections.ConfigDict | dict | LMConfig) -> LMConfig:

@@ -162,10 +162,15 @@ class LanguageModelTask(Task):
     return XLMemory(join_rows(memory_n.hidden_lbmd, axis=1), memory_n.valid[-1])
 
   def checkpoint_extras(self, memory: XLMemory) -> dict:
+    """The XL memory as the item `memory`; nothing for attention without one (Orbax refuses
+    the empty `[L, B, 0, d]` array)."""
+    if memory.hidden_lbmd.size == 0:
+      return {}
     return {"memory": {"hidden": memory.hidden_lbmd, "valid": memory.valid}}
 
   def carry_from_extras(self, extras: dict, memory: XLMemory) -> XLMemory:
-    del memory
+    if "memory" not in extras:
+      return memory
     return XLMemory(extras["memory"]["hidden"], extras["memory"]["valid"])
 
   def loss(self, model: TransformerLM, batch, memory: XLMemory):

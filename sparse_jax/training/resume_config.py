@@ -38,6 +38,8 @@ FIELDS_ADDED_LATER = {
         "positions": "sinusoid", "embedding_init": "normal", "shared_dropout": False,
         "ff_dropout": None, "attention_bias": False, "reversible_encoder": False},
     ("data", "name", "arxiv"): {"article_end": "eos"},
+    ("model", "kind", "lm"): {  # SwitchHead attention's fields (docs/switchhead.md).
+        "attention_experts": None, "attention_k": None, "attention_impl": "auto"},
 }
 
 

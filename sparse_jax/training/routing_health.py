@@ -24,6 +24,10 @@ logged scalars (docs/training.md "Routing health"):
   routing/layer{i}/dropped_fraction   Switch only (0 without a capacity factor)
   routing/layer{i}/rerouted_fraction  S-BASE only
 
+SwitchHead attention (`model.attention="switchhead"`) adds `routing/layer{i}/attn_v/...` and
+`routing/layer{i}/attn_o/...`, the same three statistics of its V and O routers, each the
+worst of its heads (`layer_stats` of `[H, E]` shares).
+
 and warns once per layer and statistic when `dead_fraction > DEAD_FRACTION_LIMIT` or
 `top_share > max(TOP_SHARE_LIMIT, TOP_SHARE_OVER_UNIFORM * k/E)`.
 """
@@ -60,8 +64,14 @@ def step_metrics(aux: dict[str, jax.Array]) -> dict[str, jax.Array]:
 
 def layer_stats(share_e: np.ndarray) -> dict[str, float]:
   """`usage_entropy`, `dead_fraction` and `top_share` of one layer's window token shares
-  `[E]` (module docstring)."""
+  `[E]` (module docstring). Shares `[H, E]` (SwitchHead: one router per head) give the worst
+  head's: the least entropy, the most dead experts, the largest top share."""
   share_e = np.asarray(share_e, np.float64)
+  if share_e.ndim == 2:
+    heads = [layer_stats(row_e) for row_e in share_e]
+    return {"usage_entropy": min(h["usage_entropy"] for h in heads),
+            "dead_fraction": max(h["dead_fraction"] for h in heads),
+            "top_share": max(h["top_share"] for h in heads)}
   n_experts, total = share_e.shape[0], share_e.sum()
   p_e = share_e / total if total > 0 else np.zeros_like(share_e)
   used_p = p_e[p_e > 0]
@@ -73,8 +83,9 @@ def layer_stats(share_e: np.ndarray) -> dict[str, float]:
 
 def top_share_limit(share_e: np.ndarray) -> float:
   """The `top_share` above which a layer warns; the uniform share is the routed slots per
-  token (k, less any dropped) over E."""
-  return max(TOP_SHARE_LIMIT, TOP_SHARE_OVER_UNIFORM * float(np.sum(share_e)) / len(share_e))
+  token (k, less any dropped) over E (`[H, E]`: the largest head's)."""
+  uniform = float(np.max(np.sum(share_e, axis=-1))) / np.shape(share_e)[-1]
+  return max(TOP_SHARE_LIMIT, TOP_SHARE_OVER_UNIFORM * uniform)
 
 
 class RoutingHealth:
