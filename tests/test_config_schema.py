@@ -181,7 +181,7 @@ def test_the_default_model_section_parses_with_every_default_once():
                         "model.head_dim, except for sparse_qkv attention); got 250."),
     (dict(atention="causal"), "'model.atention' is unknown for model.kind='lm'; did you mean "
                               "'attention'?"),
-    (dict(attention="local"), "'model.attention' must be one of ['xl', 'causal', 'sparse_qkv', 'switchhead']"),
+    (dict(attention="local"), "'model.attention' must be one of ['xl', 'causal', 'sparse_qkv', 'switchhead', 'switchhead_xl']"),
     (dict(loss_sparsity=3), "'model.loss_sparsity' must be 0 (dense) or a divisor of "
                             "model.vocab_size=256"),
     (dict(kind="encoder"), "'model.kind' must be one of ['lm']"),

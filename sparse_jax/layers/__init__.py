@@ -15,11 +15,12 @@ from sparse_jax.layers.sparse_ff import SparseFF
 from sparse_jax.layers.spartan import SpartanMemory
 from sparse_jax.layers.sparse_qkv_attention import SparseQKVAttention
 from sparse_jax.layers.sru import LowRankSRU
-from sparse_jax.layers.switchhead_attention import SwitchHeadAttention
+from sparse_jax.layers.switchhead_attention import SwitchHeadAttention, SwitchHeadXLAttention
 from sparse_jax.layers.topk_ff import TopKFF
 from sparse_jax.layers.xl_attention import RelativeMultiHeadAttention
 
 __all__ = ["BottleneckAdapter", "CausalSelfAttention", "DenseFF", "FeedForward",
            "FixedBasePositions", "LSHSelfAttention", "LowRankSRU", "MoE", "MultiplicativeDense", "PKM",
            "RelativeMultiHeadAttention", "SigmaMoE", "SparseFF", "SparseQKVAttention",
-           "SpartanMemory", "SwitchHeadAttention", "TopKFF", "build_ff", "count_params", "ff_kinds", "register_ff"]
+           "SpartanMemory", "SwitchHeadAttention", "SwitchHeadXLAttention",
+           "TopKFF", "build_ff", "count_params", "ff_kinds", "register_ff"]

@@ -36,8 +36,8 @@ Facts read from the authors' code (RobertCsordas/switchhead `switchhead/switchhe
   per-head sigmoid gate); this module needs `n_experts >= 2`.
 
 Positions: `"rope"` (rotary on the first `rope_fraction * Dh` channels of q and k) or
-`"none"`. Transformer-XL relative positions (the paper's main rows, without the u/v biases)
-are not offered yet: they belong to a later step together with the XL memory.
+`"none"`. `SwitchHeadXLAttention` (below) has Transformer-XL relative positions over
+`[memory; segment]`, the paper's main rows.
 
 Expert projections run on `pallas_kernels.cvmm` over the `H * E` experts (expert id
 `h * E + e`). V: the token rows replicated per head, `[N*H, d]`, each with its head's K slots
@@ -52,6 +52,8 @@ Decoding keeps the rotated keys and the post-expert values in a head-major cache
 equals the full forward on the prefix.
 """
 
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -63,6 +65,7 @@ from sparse_jax.layers.causal_attention import (attend, attend_cached, causal_ma
                                                 init_kv_cache)
 from sparse_jax.layers.precision import f32_einsum
 from sparse_jax.layers.rotary import apply_rotary
+from sparse_jax.layers.xl_attention import attend_relative, sinusoid_embedding
 
 POSITIONS = ("rope", "none")
 
@@ -241,3 +244,64 @@ class SwitchHeadAttention(nnx.Module):
     """
     d, h, c = self.d_model, self.n_heads, self.head_dim
     return 2 * d * h * c + 2 * self.k * h * d * c + 2 * d * h * self.n_experts
+
+
+_XL_DECODING = ("SwitchHeadXLAttention decodes through the XL memory (TransformerLM.decode_step "
+                "runs the model on each new token with its memory), not a KV cache")
+
+
+class SwitchHeadXLAttention(SwitchHeadAttention):
+  """SwitchHead with Transformer-XL relative positions over `[memory; segment]`: the paper's
+  main rows (the authors' `FullMoeRelativeAttention`, RobertCsordas/moe_attention
+  `layers/transformer/full_moe_relative_attention.py`; `SwitchHeadXL` in their switchhead
+  package). Called as `RelativeMultiHeadAttention`: `y = attn(ctx_bkd, T, mem_valid)`.
+
+  For query i of the segment (absolute position M + i) and key j of the context:
+
+      score = (q_i . k_j + q_i . P(j - M - i) W_pos[h]) / sqrt(Dh)
+
+  `P` the sinusoid of the *signed* offset key minus query (<= 0 where visible), sin and cos
+  interleaved, of size d_model; `W_pos [d, H, Dh]` one projection for all experts, init
+  `N(0, sqrt(2 / (n_layers d)))`. Unlike `RelativeMultiHeadAttention`: no u/v biases, a fixed
+  scale (their q and k each times `Dh^-1/4`, the embedding too). K, V and the V router read
+  the whole normalised context (the V experts recompute the memory rows every step, as
+  theirs); Q and the O router read the segment. The V routing shares in the aux count the
+  segment's tokens only.
+  """
+
+  def __init__(self, d_model: int, n_heads: int, head_dim: int, n_experts: int, k: int, *,
+               n_layers: int, attn_dropout: float = 0.0, impl: str = "auto", rngs: nnx.Rngs):
+    super().__init__(d_model, n_heads, head_dim, n_experts, k, n_layers=n_layers,
+                     positions="none", attn_dropout=attn_dropout, impl=impl, rngs=rngs)
+    pos_init = jax.nn.initializers.normal(initializers.depth_scaled_std(d_model, n_layers))
+    self.w_pos = nnx.Param(pos_init(rngs.params(), (d_model, n_heads, head_dim)),
+                           logical_axes=("embed", "heads", "head_dim"))
+
+  def apply_with_aux(self, ctx_bkd: jax.Array, n_queries: int, mem_valid: jax.Array
+                     ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The last `n_queries` rows of the normalised context `[B, K, d]` attend to all of it
+    (`mem_valid` trailing memory rows are real): `[B, T, d]` and the routing diagnostics
+    (`SwitchHeadAttention.apply_with_aux`; V selections of the segment only)."""
+    dtype = ctx_bkd.dtype
+    k, t = ctx_bkd.shape[1], n_queries
+    x_btd = ctx_bkd[:, k - t:]
+    q_bthc = jnp.einsum("btd,dhc->bthc", x_btd, self.w_q[...].astype(dtype))
+    k_bkhc = jnp.einsum("bkd,dhc->bkhc", ctx_bkd, self.w_k[...].astype(dtype))
+    gates_v, sel_v = self.route(ctx_bkd, self.sel_v)
+    gates_o, sel_o = self.route(x_btd, self.sel_o)
+    v_bkhc = self.project_v(ctx_bkd, gates_v, sel_v)
+    # Row p of the relative embeddings is distance K - 1 - p (`rel_shift`), offset -(K - 1 - p).
+    pos_kd = sinusoid_embedding(-jnp.arange(k - 1, -1, -1), self.d_model, interleaved=True)
+    r_khc = jnp.einsum("kd,dhc->khc", pos_kd.astype(dtype), self.w_pos[...].astype(dtype))
+    out_bthc = attend_relative(q_bthc, q_bthc, k_bkhc, v_bkhc, r_khc,
+                               1 / math.sqrt(self.head_dim), mem_valid, self.attn_dropout)
+    return self.project_out(out_bthc, gates_o, sel_o), self._aux(sel_v[:, k - t:], sel_o)
+
+  def __call__(self, ctx_bkd: jax.Array, n_queries: int, mem_valid: jax.Array) -> jax.Array:
+    return self.apply_with_aux(ctx_bkd, n_queries, mem_valid)[0]
+
+  def init_cache(self, batch: int, max_len: int, dtype):
+    raise NotImplementedError(_XL_DECODING)
+
+  def decode(self, x_b1d, cache, position, v_b1d=None):
+    raise NotImplementedError(_XL_DECODING)

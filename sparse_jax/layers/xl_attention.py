@@ -21,10 +21,16 @@ from sparse_jax.layers import initializers
 from sparse_jax.layers.precision import f32_einsum
 
 
-def sinusoid_embedding(distances_k: jax.Array, dim: int) -> jax.Array:
-  """`[K] -> [K, dim]`: sin/cos of the distances at geometric frequencies (Vaswani et al.)."""
+def sinusoid_embedding(distances_k: jax.Array, dim: int, *,
+                       interleaved: bool = False) -> jax.Array:
+  """`[K] -> [K, dim]`: sin/cos of the distances at geometric frequencies (Vaswani et al.):
+  all sines then all cosines, or with `interleaved` sin and cos of each frequency side by
+  side (`[2i]` sin, `[2i + 1]` cos: the SwitchHead authors' layout)."""
   inv_freq = 1.0 / (10000.0 ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
   angles_kf = distances_k.astype(jnp.float32)[:, None] * inv_freq[None, :]
+  if interleaved:
+    pairs_kf2 = jnp.stack([jnp.sin(angles_kf), jnp.cos(angles_kf)], axis=-1)
+    return pairs_kf2.reshape(distances_k.shape[0], -1)[:, :dim]
   return jnp.concatenate([jnp.sin(angles_kf), jnp.cos(angles_kf)], axis=-1)[:, :dim]
 
 
@@ -49,6 +55,21 @@ def attention_mask(t: int, k: int, mem_valid: jax.Array) -> jax.Array:
   i = jnp.arange(t)[:, None]
   j = jnp.arange(k)[None, :]
   return (j <= m + i) & (j >= m - mem_valid)
+
+
+def attend_relative(q_content_bthc: jax.Array, q_position_bthc: jax.Array, k_bkhc: jax.Array,
+                    v_bkhc: jax.Array, r_khc: jax.Array, scale, mem_valid: jax.Array,
+                    dropout: nnx.Dropout) -> jax.Array:
+  """`softmax((q_c . k_j + q_p . r_{i-j}) * scale, masked) V -> [B, T, H, Dh]`: the XL score
+  of every query against `[memory; segment]`, `r_khc` the projected relative embeddings in
+  descending distance (row p: distance K - 1 - p, aligned by `rel_shift`); float32 scores."""
+  t, k = q_content_bthc.shape[1], k_bkhc.shape[1]
+  content_bhtk = f32_einsum("bthc,bkhc->bhtk", q_content_bthc, k_bkhc)
+  position_bhtk = f32_einsum("bthc,khc->bhtk", q_position_bthc, r_khc)
+  scores_bhtk = (content_bhtk + rel_shift(position_bhtk)) * scale
+  scores_bhtk = jnp.where(attention_mask(t, k, mem_valid), scores_bhtk, -1e30)
+  probs_bhtk = dropout(jax.nn.softmax(scores_bhtk, axis=-1)).astype(v_bkhc.dtype)
+  return jnp.einsum("bhtk,bkhc->bthc", probs_bhtk, v_bkhc)
 
 
 class RelativeMultiHeadAttention(nnx.Module):
@@ -93,12 +114,7 @@ class RelativeMultiHeadAttention(nnx.Module):
 
     q_u = q_bthc + self.u_bias[...].astype(dtype)
     q_v = q_bthc + self.v_bias[...].astype(dtype)
-    content_bhtk = f32_einsum("bthc,bkhc->bhtk", q_u, k_bkhc)
-    position_bhtk = f32_einsum("bthc,khc->bhtk", q_v, r_khc)
     scale = 1 / math.sqrt(self.head_dim) if self.scale is None else self.scale[...]
-    scores_bhtk = (content_bhtk + rel_shift(position_bhtk)) * scale
-    mask_tk = attention_mask(t, k, mem_valid)
-    scores_bhtk = jnp.where(mask_tk, scores_bhtk, -1e30)
-    probs_bhtk = self.attn_dropout(jax.nn.softmax(scores_bhtk, axis=-1)).astype(dtype)
-    out_bthc = jnp.einsum("bhtk,bkhc->bthc", probs_bhtk, v_bkhc)
+    out_bthc = attend_relative(q_u, q_v, k_bkhc, v_bkhc, r_khc, scale, mem_valid,
+                               self.attn_dropout)
     return jnp.einsum("bthc,hcd->btd", out_bthc, self.w_o[...].astype(dtype))

@@ -18,12 +18,14 @@ from sparse_jax.layers.bidirectional_attention import BidirectionalSelfAttention
 from sparse_jax.layers.counting import count_params
 from sparse_jax.layers.lsh_attention import LSHSelfAttention
 from sparse_jax.layers.registry import build_ff, parse_ff
+from sparse_jax.layers.switchhead_attention import SwitchHeadXLAttention
 from sparse_jax.layers.xl_attention import RelativeMultiHeadAttention
 from sparse_jax.models.blocks import build_attention
 from sparse_jax.models.classifier import SequenceClassifier
 from sparse_jax.models.encoder import Encoder
 from sparse_jax.models.lm import TransformerLM
-from sparse_jax.models.lm_config import ModelConfig, validate_model_config
+from sparse_jax.models.lm_config import (SWITCHHEAD_KINDS, XL_KINDS, ModelConfig, head_dim_of,
+                                         validate_model_config)
 from sparse_jax.models.terraformer import Terraformer
 from sparse_jax.models.terraformer_blocks import AttentionHalf
 
@@ -73,6 +75,46 @@ def attention_params(model_cfg: ml_collections.ConfigDict) -> int:
   """Parameters of one attention layer of `model_cfg` (its `model.attention` kind)."""
   cfg = validate_model_config(model_cfg)
   return count_params(nnx.eval_shape(lambda: build_attention(cfg, nnx.Rngs(0))))
+
+
+def attention_report(model_cfg: ml_collections.ConfigDict | ModelConfig,
+                     seq_len: int) -> dict[str, int]:
+  """One attention layer's parameters, and its MACs and activation memory (floats) as the
+  SwitchHead paper counts them (the authors' `paper/common.py`, `get_attention_flops` and
+  `get_attention_mem`): one layer, one segment of T = `seq_len` tokens (batch 1), forward, over
+  `c = mem_len / T` segments of XL memory (0 without XL). The paper's own figures: WT-103
+  small dense 10 x 41 453.4M MACs, SwitchHead 2 x 76 (E 5, K 2) 170.4M.
+
+  Dense (`xl`, `causal`): `2 H Dh T^2 (1 + c)` (scores and weighted values) `+ 4 d H Dh T`
+  (Q, K, V, O) `+ 2 H d Dh T (1 + c)` (the XL position projection). SwitchHead (V and O
+  experts, two routers): the same first term, `(2K + 2) d H Dh T` (each expert projection K
+  times), `2 H K Dh T` (the K-sums), `2 E d T (1 + c)` (routers) and, XL only, `2 H d Dh T`:
+  their formula counts SwitchHead's position projection over T rows where dense's is over
+  T (1 + c); kept as they wrote it. Memory: `2 H T^2 (1 + c) + 4 H Dh T`, plus `2 H Dh T (1 + c)`
+  (dense XL) or `2 E T (1 + c)` and, XL, `2 H Dh T` (SwitchHead). Sparse QKV has no such
+  formula: MACs and memory are left out.
+  """
+  cfg = validate_model_config(model_cfg)
+  report = {"attention_params_per_layer": attention_params(cfg)}
+  if cfg.attention == "sparse_qkv":
+    return report
+  d, h, dh, t = cfg.d_model, cfg.n_heads, head_dim_of(cfg), seq_len
+  xl = cfg.attention in XL_KINDS
+  c = cfg.mem_len / t if xl else 0.0
+  macs = 2 * h * dh * t * t * (1 + c)
+  memory = 2 * h * t * t * (1 + c) + 4 * h * dh * t
+  if cfg.attention in SWITCHHEAD_KINDS:
+    e, k = cfg.attention_experts, cfg.attention_k
+    macs += (2 * k + 2) * d * h * dh * t + 2 * h * k * t * dh + 2 * e * d * t * (1 + c)
+    memory += 2 * e * t * (1 + c)
+    if xl:
+      macs, memory = macs + 2 * h * d * t * dh, memory + 2 * h * t * dh
+  else:
+    macs += 4 * d * h * dh * t
+    if xl:
+      macs, memory = macs + 2 * h * d * t * dh * (1 + c), memory + 2 * h * t * dh * (1 + c)
+  return {**report, "attention_macs_per_layer": round(macs),
+          "attention_memory_floats_per_layer": round(memory)}
 
 
 def match_block_params(model_cfg: ml_collections.ConfigDict, target: int,
@@ -163,14 +205,20 @@ def _layer(layer: nnx.Module | None, tokens: int, wrt) -> list[Matmuls]:
 def _self_attention(attn: nnx.Module, d_model: int, batch: int, t: int, wrt,
                     mem_rows: int = 0) -> list[Matmuls]:
   """One self-attention layer on `batch` sequences of `t` tokens: its projections, then
-  `2 H Dh` multiply-adds per (query, key) pair the mask lets through (XL: `3 H Dh`, the
-  position scores too). Pairs: causal `t (t + 1) / 2` plus `t mem_rows` over the XL memory
+  `2 H Dh` multiply-adds per (query, key) pair the mask lets through (XL and SwitchHead XL:
+  `3 H Dh`, the position scores too). Pairs: causal `t (t + 1) / 2` plus `t mem_rows` over the XL memory
   (`mem_rows` valid rows, which also take the K and V projections); bidirectional `t^2`
   (padding keys included); LSH `t N W` (`N` hashes, window `W`), plus the hashing.
   """
   trains, hd = _trains(attn, wrt), attn.n_heads * attn.head_dim
   products, projections = 2, [Matmuls(batch * t * 4 * d_model * hd, trains)]
-  if isinstance(attn, RelativeMultiHeadAttention):
+  if isinstance(attn, SwitchHeadXLAttention):  # memory rows: K, V experts, V router (half)
+    products, pairs = 3, t * mem_rows + t * (t + 1) // 2
+    projections = [Matmuls(batch * t * attn.flops_per_token(), trains),
+                   Matmuls(batch * mem_rows * attn.flops_per_token() // 2, trains,
+                           input_grad=False),
+                   Matmuls((mem_rows + t) * d_model * hd, trains, input_grad=False)]  # W_pos
+  elif isinstance(attn, RelativeMultiHeadAttention):
     products, pairs = 3, t * mem_rows + t * (t + 1) // 2
     projections += [Matmuls(batch * mem_rows * 2 * d_model * hd, trains, input_grad=False),
                     Matmuls((mem_rows + t) * d_model * hd, trains, input_grad=False)]  # R

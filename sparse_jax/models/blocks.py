@@ -11,9 +11,10 @@ bottleneck adapters on the sublayers (`sparse_jax.layers.adapters`). The attenti
 - `sparse_qkv`: Scaling Transformers' multiplicative + convolutional Q, K, V without an
   output layer (Sec. 3.2);
 - `switchhead`: SwitchHead (Csordas et al. 2024), V and O projections as mixtures of experts
-  per head (`layers.switchhead_attention`), causal with a KV cache; its routers' token shares
-  per head join the block's aux as `attn_v/token_share` and `attn_o/token_share` `[H, E]`
-  (routing health per head, `training.routing_health`).
+  per head (`layers.switchhead_attention`), causal with a KV cache; `switchhead_xl` the same
+  with Transformer-XL relative positions over `[memory; segment]`, the paper's main rows.
+  Their routers' token shares per head join the block's aux as `attn_v/token_share` and
+  `attn_o/token_share` `[H, E]` (routing health per head, `training.routing_health`).
 """
 
 import jax
@@ -25,10 +26,10 @@ from sparse_jax.layers.causal_attention import CausalSelfAttention
 from sparse_jax.layers.normalization import layer_norm
 from sparse_jax.layers.registry import build_ff
 from sparse_jax.layers.sparse_qkv_attention import SparseQKVAttention
-from sparse_jax.layers.switchhead_attention import SwitchHeadAttention
+from sparse_jax.layers.switchhead_attention import SwitchHeadAttention, SwitchHeadXLAttention
 from sparse_jax.layers.xl_attention import RelativeMultiHeadAttention
 from sparse_jax.models import plugins
-from sparse_jax.models.lm_config import LMConfig, head_dim_of
+from sparse_jax.models.lm_config import XL_KINDS, LMConfig, head_dim_of
 
 
 def build_attention(cfg: LMConfig, rngs: nnx.Rngs) -> nnx.Module:
@@ -42,6 +43,10 @@ def build_attention(cfg: LMConfig, rngs: nnx.Rngs) -> nnx.Module:
     return CausalSelfAttention(cfg.d_model, cfg.n_heads, head_dim_of(cfg),
                                n_layers=cfg.n_layers, attn_dropout=dropout, rotary=rotary,
                                rngs=rngs)
+  if cfg.attention == "switchhead_xl":
+    return SwitchHeadXLAttention(cfg.d_model, cfg.n_heads, head_dim_of(cfg),
+                                 cfg.attention_experts, cfg.attention_k, n_layers=cfg.n_layers,
+                                 attn_dropout=dropout, impl=cfg.attention_impl, rngs=rngs)
   if cfg.attention == "switchhead":
     return SwitchHeadAttention(cfg.d_model, cfg.n_heads, head_dim_of(cfg), cfg.attention_experts,
                                cfg.attention_k, n_layers=cfg.n_layers,
@@ -58,7 +63,7 @@ class DecoderBlock(nnx.Module):
 
   def __init__(self, cfg: LMConfig, *, rngs: nnx.Rngs):
     d = cfg.d_model
-    self.is_xl = cfg.attention == "xl"
+    self.is_xl = cfg.attention in XL_KINDS
     self.attn_norm = layer_norm(d, epsilon=cfg.layer_norm_eps, rngs=rngs)
     self.attn = build_attention(cfg, rngs)
     self.ff_norm = layer_norm(d, epsilon=cfg.layer_norm_eps, rngs=rngs)
@@ -81,14 +86,15 @@ class DecoderBlock(nnx.Module):
   def _attend(self, h_btd, mem_bmd, mem_valid):
     """The attention sublayer's output and its routing aux (SwitchHead only, else empty)."""
     if self.is_xl:
-      t = h_btd.shape[1]
       ctx_bkd = jnp.concatenate([mem_bmd.astype(h_btd.dtype), h_btd], axis=1)
-      return self.attn(self.attn_norm(ctx_bkd), t, mem_valid), {}
+      args = (self.attn_norm(ctx_bkd), h_btd.shape[1], mem_valid)
+    else:
+      args = (self.attn_norm(h_btd),)
     if isinstance(self.attn, SwitchHeadAttention):
-      attended, aux = self.attn.apply_with_aux(self.attn_norm(h_btd))
+      attended, aux = self.attn.apply_with_aux(*args)
       return attended, {"attn_v/token_share": aux["v_token_share"],
                         "attn_o/token_share": aux["o_token_share"]}
-    return self.attn(self.attn_norm(h_btd)), {}
+    return self.attn(*args), {}
 
   def __call__(self, h_btd, mem_bmd, mem_valid, *, decoding: bool = False):
     """A segment `[B, T, d]`; `mem_bmd`/`mem_valid` are used by XL attention only."""

@@ -1,11 +1,12 @@
 """`TransformerLM`: a pre-LN decoder LM for every attention and feed-forward kind.
 
 Training: `logits, new_memory, aux = lm(tokens_bt, memory=None)`; with Transformer-XL
-attention (`model.attention = "xl"`) each layer's memory is the stop-gradient of its input
-from previous segments (Dai et al. 2019), so context carries across segments; the other kinds
-(`causal`, `sparse_qkv`) see one segment and their memory is empty.
-Decoding: `cache = lm.init_cache(batch, max_len)`, `logits, cache = lm.decode_step(tokens_b1,
-cache)`: a KV cache for `causal`/`sparse_qkv`, the XL memory for `xl`; sparse FF layers use
+attention (`model.attention` "xl" or "switchhead_xl") each layer's memory is the
+stop-gradient of its input from previous segments (Dai et al. 2019), so context carries across
+segments; the other kinds (`causal`, `sparse_qkv`, `switchhead`) see one segment and their
+memory is empty. Decoding: `cache = lm.init_cache(batch, max_len)`, `logits, cache =
+lm.decode_step(tokens_b1, cache)`: a KV cache for `causal`/`sparse_qkv`/`switchhead`, the XL
+memory for the XL kinds; sparse FF layers use
 their sparse decode path. The `model` section's schema is `models.lm_config.LMConfig`.
 """
 
@@ -21,7 +22,8 @@ from sparse_jax.layers.normalization import layer_norm
 from sparse_jax.layers.precision import COMPUTE_DTYPES, f32_einsum
 from sparse_jax.layers.xl_attention import sinusoid_embedding
 from sparse_jax.models.blocks import DecoderBlock
-from sparse_jax.models.lm_config import EMBED_INITS, LMConfig, validate_model_config
+from sparse_jax.models.lm_config import (EMBED_INITS, XL_KINDS, LMConfig,
+                                         validate_model_config)
 from sparse_jax.models.remat import rematerialized
 from sparse_jax.models.xl_memory import XLMemory
 
@@ -47,7 +49,7 @@ class TransformerLM(nnx.Module):
   def __init__(self, cfg: ml_collections.ConfigDict | dict | LMConfig, *, rngs: nnx.Rngs):
     cfg = validate_model_config(cfg)
     self.vocab_size, self.d_model, self.n_layers = cfg.vocab_size, cfg.d_model, cfg.n_layers
-    self.is_xl = cfg.attention == "xl"
+    self.is_xl = cfg.attention in XL_KINDS
     self.sinusoidal = not self.is_xl and cfg.positions == "sinusoidal"
     self.mem_len = cfg.mem_len if self.is_xl else 0
     self.dtype = COMPUTE_DTYPES[cfg.dtype]

@@ -17,7 +17,10 @@ from sparse_jax.layers.registry import FFConfig
 from sparse_jax.models import plugins
 from sparse_jax.models.remat import REMAT_KINDS
 
-ATTENTION_KINDS = ("xl", "causal", "sparse_qkv", "switchhead")
+ATTENTION_KINDS = ("xl", "causal", "sparse_qkv", "switchhead", "switchhead_xl")
+# The kinds with Transformer-XL relative positions and memory, and SwitchHead's two.
+XL_KINDS = ("xl", "switchhead_xl")
+SWITCHHEAD_KINDS = ("switchhead", "switchhead_xl")
 ATTN_SCALES = ("fixed", "learned")
 POSITIONS = ("rotary", "sinusoidal")
 
@@ -52,16 +55,16 @@ class ModelConfig(schema.Schema, tag="kind", default="lm"):
 class LMConfig(ModelConfig):
   """The `model` section of a decoder LM (`TransformerLM`)."""
 
-  mem_len: schema.NonNegativeInt  # XL memory positions in training (XL attention only).
+  mem_len: schema.NonNegativeInt  # XL memory positions in training (XL_KINDS only).
   head_dim: schema.PositiveInt | None = None  # None: d_model // n_heads.
   attention: Literal[ATTENTION_KINDS] = "xl"
-  # Not XL attention. "rotary": every channel of q and k rotated (SwitchHead: the first
+  # Not XL_KINDS. "rotary": every channel of q and k rotated (SwitchHead: the first
   # half, as its authors' SwitchHeadRope); "sinusoidal": added to the embeddings.
   positions: Literal[POSITIONS] = "rotary"
   # S, the modules of the sparse QKV layer (sparse_qkv attention only); None: n_heads.
   attention_sparsity: schema.PositiveInt | None = None
-  # SwitchHead (switchhead attention only): E V and O experts per head, K of them active,
-  # and the grouped-matmul impl they run on (`pallas_kernels.IMPLS`).
+  # SwitchHead (SWITCHHEAD_KINDS only): E V and O experts per head, K of them active, and
+  # the grouped-matmul impl they run on (`pallas_kernels.IMPLS`).
   attention_experts: schema.PositiveInt | None = None
   attention_k: schema.PositiveInt | None = None
   attention_impl: Literal[pallas_kernels.IMPLS] = "auto"
@@ -101,21 +104,24 @@ class LMConfig(ModelConfig):
   def _check_switchhead(self, path: str) -> None:
     """E >= 2 and 1 <= K <= E for SwitchHead, its fields left unset otherwise; the rotated
     half of a head (SwitchHeadRope) must be an even number of channels."""
-    if self.attention != "switchhead":
+    if self.attention not in SWITCHHEAD_KINDS:
       for name in ("attention_experts", "attention_k"):
         validation.require(getattr(self, name) is None, f"{path}.{name}",
-                           "None unless attention is 'switchhead'", getattr(self, name))
+                           f"None unless attention is one of {SWITCHHEAD_KINDS}",
+                           getattr(self, name))
       validation.require(self.attention_impl == "auto", f"{path}.attention_impl",
-                         "'auto' unless attention is 'switchhead'", self.attention_impl)
+                         f"'auto' unless attention is one of {SWITCHHEAD_KINDS}",
+                         self.attention_impl)
       return
     experts, k = self.attention_experts, self.attention_k
     validation.require(experts is not None and experts >= 2, f"{path}.attention_experts",
-                       "an int >= 2 with switchhead attention (the V and O experts per head)",
+                       "an int >= 2 with SwitchHead attention (the V and O experts per head)",
                        experts)
     validation.require(k is not None and k <= experts, f"{path}.attention_k",
                        f"an int in [1, {path}.attention_experts={experts}]", k)
     rotated = head_dim_of(self) // 2
-    validation.require(self.positions != "rotary" or (rotated >= 2 and rotated % 2 == 0),
+    rotary = self.attention == "switchhead" and self.positions == "rotary"
+    validation.require(not rotary or (rotated >= 2 and rotated % 2 == 0),
                        f"{path}.head_dim",
                        "a head size whose half is even and >= 2 (SwitchHead rotates the first "
                        "half of each head's channels)", head_dim_of(self))

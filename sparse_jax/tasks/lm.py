@@ -15,7 +15,7 @@ from flax import nnx
 from sparse_jax import data, parallel, schema, validation
 from sparse_jax.data.datasets import DataConfig
 from sparse_jax.data.sources import BadSourceError
-from sparse_jax.models.accounting import lm_step_flops, model_report
+from sparse_jax.models.accounting import attention_report, lm_step_flops, model_report
 from sparse_jax.models.lm import TransformerLM
 from sparse_jax.models.lm_config import LMConfig
 from sparse_jax.models.rngs import make_rngs
@@ -201,4 +201,5 @@ class LanguageModelTask(Task):
     return {"mem_len": self.typed.eval.mem_len, **metrics}
 
   def param_report(self) -> dict:
-    return model_report(self.typed.model)
+    return {**model_report(self.typed.model),
+            **attention_report(self.typed.model, self.typed.data.seq_len)}

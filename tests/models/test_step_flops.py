@@ -136,6 +136,31 @@ def test_sigma_moe_counts_the_selected_experts_only():
           == 6 * two_more_experts)
 
 
+@pytest.mark.parametrize("attention, m", [("switchhead", 0), ("switchhead_xl", 16)])
+def test_switchhead_counts_the_selected_experts_only(attention, m):
+  """SwitchHead's forward on the gather oracle (only the K chosen V and O experts multiply):
+  ours plus the scores the causal mask discards (XL: 3 products per pair, every memory row
+  visible) plus the oracle's gate-weighted sums, `H K Dh` per key row (V, memory rows too)
+  and `H K d` per query (O)."""
+  h, e, k = 4, 4, 2
+  lm = TransformerLM(lm_config(attention=attention, mem_len=m, attention_experts=e,
+                               attention_k=k, attention_impl="gather"), rngs=nnx.Rngs(0))
+  graphdef, state = nnx.split(lm)
+  memory = XLMemory(jax.random.normal(jax.random.key(1), (L, B, m, D)), jnp.array(m, jnp.int32))
+
+  def forward(state, tokens, memory):
+    logits, _, aux = nnx.merge(graphdef, state)(tokens, memory)
+    return logits.sum() + aux["reg_loss"]
+
+  xla = dot_flops(jax.jit(forward).lower(state, token_batch()["inputs"], memory)
+                  .compile().as_text())
+  products = 3 if m else 2
+  masked = L * products * B * HD * masked_pairs(T, T)
+  gates = L * B * ((m + T) * h * k * (HD // h) + T * h * k * D)
+  assert xla == pytest.approx(accounting.lm_step_flops(lm, B, T, wrt=False)
+                              + 2 * (masked + gates), rel=1e-9)
+
+
 ENCODER = {"kind": "encoder", "vocab_size": 128, "d_model": D, "n_layers": L, "n_heads": 4,
            "max_positions": T + 2, "type_vocab_size": 1, "pad_id": 1, "layer_norm_eps": 1e-5,
            "dropout": 0.0, "attn_dropout": 0.0, "init_std": 0.02,

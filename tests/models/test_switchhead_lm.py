@@ -96,3 +96,32 @@ def test_routing_health_reports_the_worst_head():
   logged = health(10, {"routing/layer3/attn_o/token_share": share_he})
   assert logged["routing/layer3/attn_o/dead_fraction"] == 0.75
   assert ("layer3/attn_o", "dead_fraction") in health.warned
+
+
+@pytest.mark.parametrize("impl", ["gather", "blocked"])
+def test_xl_decoding_through_memory_equals_the_full_forward(impl):
+  """`switchhead_xl`: the memory carries the context, so decoding one token at a time (each
+  step attending to the previous ones through the memory, at their relative positions)
+  gives the logits of one forward pass over the whole sequence."""
+  lm = TransformerLM(_model_config(attention="switchhead_xl", attention_impl=impl, mem_len=4),
+                     rngs=nnx.Rngs(0))
+  tokens_bt = jnp.asarray(np.random.default_rng(4).integers(0, 256, (2, 9)), jnp.int32)
+  logits_btv, _, aux = lm(tokens_bt)
+  assert aux["layer1/attn_v/token_share"].shape == (H, E)
+  cache, steps = lm.init_cache(2, 12), []
+  for t in range(tokens_bt.shape[1]):
+    logits_b1v, cache = lm.decode_step(tokens_bt[:, t:t + 1], cache)
+    steps.append(logits_b1v)
+  np.testing.assert_allclose(np.concatenate(steps, axis=1), logits_btv, atol=2e-5, rtol=2e-5)
+
+
+def test_xl_segments_with_memory_equal_one_long_segment():
+  """Two segments of 5, the second reading the first through a memory of 5, give the logits
+  of one segment of 10 (same keys at the same relative offsets)."""
+  lm = TransformerLM(_model_config(attention="switchhead_xl", mem_len=5), rngs=nnx.Rngs(1))
+  tokens_bt = jnp.asarray(np.random.default_rng(5).integers(0, 256, (2, 10)), jnp.int32)
+  whole_btv, _, _ = lm(tokens_bt, lm.init_memory(2, 10))
+  first_btv, memory, _ = lm(tokens_bt[:, :5])
+  second_btv, _, _ = lm(tokens_bt[:, 5:], memory)
+  np.testing.assert_allclose(np.concatenate([first_btv, second_btv], axis=1), whole_btv,
+                             atol=2e-5, rtol=2e-5)
