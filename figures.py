@@ -3,6 +3,7 @@
 
   python figures.py channels runs/dense            # sigma-MoE Fig. 1/3/4: active channels of u
   python figures.py experts runs/moe --layer=2     # Fig. 5: co-occurrence; usage per layer
+  python figures.py attention_experts runs/sh --layer=0  # SwitchHead: expert usage per head
   python figures.py cvmm benchmarks/cvmm_*.json    # Fig. 2/6/7: time and memory of one layer
   python figures.py cells runs/spartan_stdlib      # SPARTAN Fig. 2: parent cells by class
   python figures.py curves runs/a runs/b --metric=loss   # learning curves of several runs
@@ -11,8 +12,8 @@
 import argparse
 import sys
 
-from sparse_jax.figures import (channel_activity, cvmm_scaling, expert_routing,
-                                learning_curves, spartan_cells)
+from sparse_jax.figures import (attention_routing, channel_activity, cvmm_scaling,
+                                expert_routing, learning_curves, spartan_cells)
 from sparse_jax.training.checkpointing import NoCheckpointError
 
 
@@ -38,6 +39,12 @@ def _parser() -> argparse.ArgumentParser:
   sub.add_argument("--layer", type=int, default=2, help="0-based block for co-occurrence.")
   sub.add_argument("--splits", type=_splits, default=("validation",))
   sub.add_argument("--max_batches", type=int, default=8, help="Segments per split.")
+  sub = command("attention_experts", "V and O expert usage per head (SwitchHead LM run)",
+                "workdir")
+  sub.add_argument("--layer", type=int, default=0, help="0-based layer (depth).")
+  sub.add_argument("--step", type=int, default=None, help="Checkpoint step (default: latest).")
+  sub.add_argument("--splits", type=_splits, default=("validation",))
+  sub.add_argument("--max_batches", type=int, default=8, help="Segments per split.")
   command("cvmm", "time and memory vs the swept size (benchmarks/cvmm.py JSON)", "json_paths",
           nargs="+")
   sub = command("cells", "SPARTAN parent cells by class (classification run)", "workdir")
@@ -57,6 +64,10 @@ def _make(args) -> dict[str, str]:
   if args.figure == "experts":
     return expert_routing.make_expert_routing(
         args.workdir, args.out, layer=args.layer, splits=args.splits,
+        max_batches=args.max_batches, **named)
+  if args.figure == "attention_experts":
+    return attention_routing.make_attention_routing(
+        args.workdir, args.out, layer=args.layer, step=args.step, splits=args.splits,
         max_batches=args.max_batches, **named)
   if args.figure == "cvmm":
     return cvmm_scaling.make_cvmm_scaling(args.json_paths, args.out, **named)

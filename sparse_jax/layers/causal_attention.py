@@ -26,7 +26,7 @@ from flax import nnx
 
 from sparse_jax.layers import initializers
 from sparse_jax.layers.precision import f32_einsum
-from sparse_jax.layers.rotary import apply_rotary
+from sparse_jax.layers.rotary import apply_partial_rotary, rotated_channels
 
 
 def causal_mask(t: int) -> jax.Array:
@@ -102,12 +102,19 @@ class CausalSelfAttention(nnx.Module):
   """Dense Q, K, V `[d_model, H, Dh]` and output `[H, Dh, d_model]`; causal; KV-cache decoding.
 
   `use_bias`: zero-initialised biases `b_q, b_k, b_v [H, Dh]` and `b_o [d_model]`.
+  `rotary_fraction` < 1 rotates only the first `rotated_channels(fraction, Dh)` channels of
+  q and k (the MoEUT authors' dense RoPE baselines: half).
   """
 
   def __init__(self, d_model: int, n_heads: int, head_dim: int, *, n_layers: int,
                attn_dropout: float = 0.0, rotary: bool = True, use_bias: bool = False,
-               rngs: nnx.Rngs):
-    check_rotary_dim(rotary, head_dim)
+               rotary_fraction: float = 1.0, rngs: nnx.Rngs):
+    if rotary_fraction == 1.0:
+      check_rotary_dim(rotary, head_dim)
+    self.n_rotate = rotated_channels(rotary_fraction, head_dim) if rotary else 0
+    if rotary and self.n_rotate < 2:
+      raise ValueError(f"rotary_fraction={rotary_fraction} rotates {self.n_rotate} of the "
+                       f"head_dim={head_dim} channels; it must rotate at least 2.")
     self.d_model, self.n_heads, self.head_dim, self.rotary = d_model, n_heads, head_dim, rotary
     self.w_q, self.w_k, self.w_v, self.w_o = initializers.head_projections(
         d_model, n_heads, head_dim, n_layers=n_layers, n_inputs=3, rngs=rngs)
@@ -131,7 +138,8 @@ class CausalSelfAttention(nnx.Module):
     q_bthc, k_bthc, v_bthc = (project(self.w_q, self.b_q), project(self.w_k, self.b_k),
                               project(self.w_v, self.b_v))
     if self.rotary:
-      q_bthc, k_bthc = apply_rotary(q_bthc, positions_t), apply_rotary(k_bthc, positions_t)
+      q_bthc, k_bthc = (apply_partial_rotary(q_bthc, positions_t, self.n_rotate),
+                        apply_partial_rotary(k_bthc, positions_t, self.n_rotate))
     return q_bthc, k_bthc, v_bthc
 
   def project_out(self, out_bthc: jax.Array) -> jax.Array:

@@ -51,7 +51,8 @@ class MoE(FeedForward):
   FF contract: `y, aux = moe(x)` with `x, y: [..., d_model]`; `aux["reg_loss"]` is the
   router's scaled regulariser and `aux["expert_usage"]` the `[E]` slot count per expert;
   `aux["token_share"]` is that count over the number of tokens (the fraction of tokens each
-  expert processes, `training.routing_health`), plus the router's own `Routing.stats`.
+  expert processes, `training.routing_health`), plus the router's own `Routing.stats`, and
+  `aux["router_logits"] [..., E]` where the router gives them (sigma).
   In training (`deterministic=False`, toggled by `train()`/`eval()`) the expert hidden units
   drop out with probability `expert_hidden_dropout`, drawn from a fork of the `dropout` stream.
   """
@@ -75,9 +76,13 @@ class MoE(FeedForward):
     self.deterministic = False
     self.rngs = rngs["dropout"].fork()
 
-  def __call__(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+  def __call__(self, x: jax.Array, sel_input: jax.Array | None = None
+               ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """`sel_input` (default `x`, same shape): what the router reads, where the experts read
+    `x` (MoEUT: the router the LayerNorm'd residual, the experts the raw one)."""
     x_nd = self.token_rows(x, self.d_model)
-    r = self.router(x_nd, seq_len=x.shape[-2] if x.ndim > 1 else 1)
+    sel_nd = x_nd if sel_input is None else self.token_rows(sel_input, self.d_model)
+    r = self.router(sel_nd, seq_len=x.shape[-2] if x.ndim > 1 else 1)
     dtype = x.dtype
     dropout = self.expert_hidden_dropout > 0 and not self.deterministic
     y_nd = expert_parallel.apply_experts(
@@ -87,6 +92,8 @@ class MoE(FeedForward):
     usage_e = usage_counts(r.sel_nk, r.gates_nk, self.n_experts)
     aux = {"reg_loss": r.reg_loss.astype(jnp.float32), "expert_usage": usage_e,
            "token_share": usage_e.astype(jnp.float32) / x_nd.shape[0], **r.stats}
+    if r.logits_ne is not None:
+      aux["router_logits"] = r.logits_ne.reshape(*x.shape[:-1], self.n_experts)
     return y_nd.reshape(x.shape), aux
 
   def flops_per_token(self) -> int:

@@ -30,6 +30,8 @@ Facts read from the authors' code (RobertCsordas/switchhead `switchhead/switchhe
   the original row stds, so the step nearly undoes itself. We reproduce it exactly.
 - `SwitchHeadRope` rotates only the first `int(rotate_fraction * Dh)` channels of q and k
   (rotate-half form over those channels, base 10000), `rotate_fraction = 0.5` by default;
+  their training code (moeut_training_code) rounds that count down to even, which the
+  standalone package fails on (an odd count): we round as the training code;
 - dropout (`dropout`) acts on q in their code; here `attn_dropout` acts on the attention
   probabilities, as in the repo's other attention layers;
 - with `n_experts == 1` their code is a different layer (dense V with no gate, dense O with a
@@ -64,7 +66,7 @@ from sparse_jax.layers import initializers
 from sparse_jax.layers.causal_attention import (attend, attend_cached, causal_mask,
                                                 init_kv_cache)
 from sparse_jax.layers.precision import f32_einsum
-from sparse_jax.layers.rotary import apply_rotary
+from sparse_jax.layers.rotary import apply_partial_rotary, rotated_channels
 from sparse_jax.layers.xl_attention import attend_relative, sinusoid_embedding
 
 POSITIONS = ("rope", "none")
@@ -100,11 +102,11 @@ class SwitchHeadAttention(nnx.Module):
     validation.require(isinstance(k, int) and 1 <= k <= n_experts, "k",
                        f"an int in [1, n_experts = {n_experts}]", k)
     validation.require(positions in POSITIONS, "positions", f"one of {POSITIONS}", positions)
-    n_rotate = int(rope_fraction * head_dim) if positions == "rope" else 0
+    n_rotate = rotated_channels(rope_fraction, head_dim) if positions == "rope" else 0
     if positions == "rope":
       validation.require(
-          0 < rope_fraction <= 1 and n_rotate >= 2 and n_rotate % 2 == 0, "rope_fraction",
-          f"in (0, 1] with int(rope_fraction * head_dim = {head_dim}) even and >= 2",
+          0 < rope_fraction <= 1 and n_rotate >= 2, "rope_fraction",
+          f"in (0, 1], rotating at least 2 of the head_dim = {head_dim} channels",
           rope_fraction)
     validation.require(0.0 <= attn_dropout < 1.0, "attn_dropout", "in [0, 1)", attn_dropout)
     backends.check_impl(impl)
@@ -133,14 +135,15 @@ class SwitchHeadAttention(nnx.Module):
 
   # --- pieces -------------------------------------------------------------------------------
 
-  def route(self, x_btd: jax.Array, w_sel: nnx.Param) -> tuple[jax.Array, jax.Array]:
-    """Per-head sigmoid top-K: gates `[B, T, H, K]` float32 (the raw sigmoids) and expert ids
-    `[B, T, H, K]` int32 in `[0, E)` within each head."""
+  def route(self, x_btd: jax.Array, w_sel: nnx.Param
+            ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Per-head sigmoid top-K: gates `[B, T, H, K]` float32 (the raw sigmoids), expert ids
+    `[B, T, H, K]` int32 in `[0, E)` within each head, and the logits `[B, T, H, E]` float32."""
     b, t, _ = x_btd.shape
     logits_bte = f32_einsum("btd,ed->bte", x_btd, w_sel[...].astype(x_btd.dtype))
-    scores_bthe = jax.nn.sigmoid(logits_bte.reshape(b, t, self.n_heads, self.n_experts))
-    gates_bthk, sel_bthk = jax.lax.top_k(scores_bthe, self.k)
-    return gates_bthk, sel_bthk.astype(jnp.int32)
+    logits_bthe = logits_bte.reshape(b, t, self.n_heads, self.n_experts)
+    gates_bthk, sel_bthk = jax.lax.top_k(jax.nn.sigmoid(logits_bthe), self.k)
+    return gates_bthk, sel_bthk.astype(jnp.int32), logits_bthe
 
   def _global_ids(self, sel_bthk: jax.Array) -> jax.Array:
     """Head-local expert ids -> rows `h * E + e` of the `[H*E, ...]` expert weights."""
@@ -150,9 +153,7 @@ class SwitchHeadAttention(nnx.Module):
   def _rotate(self, x_bthc: jax.Array, positions_t: jax.Array) -> jax.Array:
     if self.positions == "none":
       return x_bthc
-    r = self.n_rotate
-    rotated = apply_rotary(x_bthc[..., :r], positions_t, self.rope_base)
-    return rotated if r == self.head_dim else jnp.concatenate([rotated, x_bthc[..., r:]], -1)
+    return apply_partial_rotary(x_bthc, positions_t, self.n_rotate, self.rope_base)
 
   def project_qk(self, x_btd: jax.Array, positions_t: jax.Array):
     """q, k `[B, T, H, Dh]` at absolute positions `[T]` (rotated with `positions="rope"`)."""
@@ -181,7 +182,8 @@ class SwitchHeadAttention(nnx.Module):
                 impl=self.impl)
     return y_nd.reshape(b, t, self.d_model)
 
-  def _aux(self, sel_v_bthk: jax.Array, sel_o_bthk: jax.Array) -> dict[str, jax.Array]:
+  def _aux(self, sel_v_bthk: jax.Array, sel_o_bthk: jax.Array, v_logits_bthe: jax.Array,
+           o_logits_bthe: jax.Array) -> dict[str, jax.Array]:
     n = sel_v_bthk.shape[0] * sel_v_bthk.shape[1]
 
     def share(sel_bthk):  # [H, E]: fraction of tokens each head's expert processes
@@ -190,7 +192,8 @@ class SwitchHeadAttention(nnx.Module):
 
     return {"reg_loss": jnp.zeros((), jnp.float32),
             "v_selection": sel_v_bthk, "o_selection": sel_o_bthk,
-            "v_token_share": share(sel_v_bthk), "o_token_share": share(sel_o_bthk)}
+            "v_token_share": share(sel_v_bthk), "o_token_share": share(sel_o_bthk),
+            "v_logits": v_logits_bthe, "o_logits": o_logits_bthe}
 
   # --- calls --------------------------------------------------------------------------------
 
@@ -202,18 +205,21 @@ class SwitchHeadAttention(nnx.Module):
     - `v_selection`, `o_selection` `[B, T, H, K]` int32: each head's chosen experts, in [0, E);
     - `v_token_share`, `o_token_share` `[H, E]` float32: the fraction of the tokens each
       head's expert processes (each head's row sums to K), the `token_share` of
-      `training.routing_health` per head.
+      `training.routing_health` per head;
+    - `v_logits`, `o_logits` `[B, T, H, E]` float32: the routers' logits (MoEUT's
+      regulariser across a shared layer's repeats, `models.moeut_regularizer`).
 
     `v_btd` (default `x_btd`): the input of the expert values; the V router still reads x.
     """
     t = x_btd.shape[1]
     v_btd = x_btd if v_btd is None else v_btd
     q_bthc, k_bthc = self.project_qk(x_btd, jnp.arange(t))
-    gates_v, sel_v = self.route(x_btd, self.sel_v)
-    gates_o, sel_o = self.route(x_btd, self.sel_o)
+    gates_v, sel_v, logits_v = self.route(x_btd, self.sel_v)
+    gates_o, sel_o, logits_o = self.route(x_btd, self.sel_o)
     v_bthc = self.project_v(v_btd, gates_v, sel_v)
     out_bthc = attend(q_bthc, k_bthc, v_bthc, causal_mask(t), self.attn_dropout)
-    return self.project_out(out_bthc, gates_o, sel_o), self._aux(sel_v, sel_o)
+    return (self.project_out(out_bthc, gates_o, sel_o),
+            self._aux(sel_v, sel_o, logits_v, logits_o))
 
   def __call__(self, x_btd: jax.Array) -> jax.Array:
     """Causal self-attention over the sequence, `[B, T, d_model] -> [B, T, d_model]`."""
@@ -228,10 +234,10 @@ class SwitchHeadAttention(nnx.Module):
     """One token at absolute `position` (int32 scalar, < max_len): `y [B, 1, d_model]`, cache."""
     v_b1d = x_b1d if v_b1d is None else v_b1d
     q_b1hc, k_b1hc = self.project_qk(x_b1d, jnp.reshape(position, (1,)))
-    v_b1hc = self.project_v(v_b1d, *self.route(x_b1d, self.sel_v))
+    v_b1hc = self.project_v(v_b1d, *self.route(x_b1d, self.sel_v)[:2])
     out_b1hc, cache = attend_cached(q_b1hc, k_b1hc, v_b1hc, cache, position,
                                     self.attn_dropout)
-    return self.project_out(out_b1hc, *self.route(x_b1d, self.sel_o)), cache
+    return self.project_out(out_b1hc, *self.route(x_b1d, self.sel_o)[:2]), cache
 
   # --- accounting ---------------------------------------------------------------------------
 
@@ -287,15 +293,16 @@ class SwitchHeadXLAttention(SwitchHeadAttention):
     x_btd = ctx_bkd[:, k - t:]
     q_bthc = jnp.einsum("btd,dhc->bthc", x_btd, self.w_q[...].astype(dtype))
     k_bkhc = jnp.einsum("bkd,dhc->bkhc", ctx_bkd, self.w_k[...].astype(dtype))
-    gates_v, sel_v = self.route(ctx_bkd, self.sel_v)
-    gates_o, sel_o = self.route(x_btd, self.sel_o)
+    gates_v, sel_v, logits_v = self.route(ctx_bkd, self.sel_v)
+    gates_o, sel_o, logits_o = self.route(x_btd, self.sel_o)
     v_bkhc = self.project_v(ctx_bkd, gates_v, sel_v)
     # Row p of the relative embeddings is distance K - 1 - p (`rel_shift`), offset -(K - 1 - p).
     pos_kd = sinusoid_embedding(-jnp.arange(k - 1, -1, -1), self.d_model, interleaved=True)
     r_khc = jnp.einsum("kd,dhc->khc", pos_kd.astype(dtype), self.w_pos[...].astype(dtype))
     out_bthc = attend_relative(q_bthc, q_bthc, k_bkhc, v_bkhc, r_khc,
                                1 / math.sqrt(self.head_dim), mem_valid, self.attn_dropout)
-    return self.project_out(out_bthc, gates_o, sel_o), self._aux(sel_v[:, k - t:], sel_o)
+    return self.project_out(out_bthc, gates_o, sel_o), self._aux(
+        sel_v[:, k - t:], sel_o, logits_v[:, k - t:], logits_o)
 
   def __call__(self, ctx_bkd: jax.Array, n_queries: int, mem_valid: jax.Array) -> jax.Array:
     return self.apply_with_aux(ctx_bkd, n_queries, mem_valid)[0]

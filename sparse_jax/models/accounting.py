@@ -248,7 +248,7 @@ def _output_layer(model: TransformerLM | Terraformer, tokens: int, wrt) -> Matmu
 def _lm_hidden(lm: TransformerLM, batch: int, t: int, mem_rows: int, wrt) -> list[Matmuls]:
   """`TransformerLM.hidden_states`: embedding, the pre-LN blocks, the final LayerNorm."""
   parts, tokens = [Matmuls(0, _trains(lm.embed, wrt))], batch * t
-  for block in lm.blocks:
+  for block in lm.layer_blocks:
     parts += [_norm(block.attn_norm, wrt),
               *_self_attention(block.attn, lm.d_model, batch, t, wrt, mem_rows),
               *_layer(block.attn_adapter, tokens, wrt), _norm(block.ff_norm, wrt),

@@ -14,7 +14,12 @@ bottleneck adapters on the sublayers (`sparse_jax.layers.adapters`). The attenti
   per head (`layers.switchhead_attention`), causal with a KV cache; `switchhead_xl` the same
   with Transformer-XL relative positions over `[memory; segment]`, the paper's main rows.
   Their routers' token shares per head join the block's aux as `attn_v/token_share` and
-  `attn_o/token_share` `[H, E]` (routing health per head, `training.routing_health`).
+  `attn_o/token_share` `[H, E]` (routing health per head, `training.routing_health`), their
+  logits as `attn_v/logits` and `attn_o/logits`.
+
+`model.block_norm="peri"` is MoEUT's peri-LayerNorm: the attention's queries, keys and routers
+read `LN(h)` but SwitchHead's values read `h`; the sigma-MoE FF routes on `LN(h)` and its
+experts read `h`. No LayerNorm sits on the residual path into the values or the experts.
 """
 
 import jax
@@ -29,7 +34,7 @@ from sparse_jax.layers.sparse_qkv_attention import SparseQKVAttention
 from sparse_jax.layers.switchhead_attention import SwitchHeadAttention, SwitchHeadXLAttention
 from sparse_jax.layers.xl_attention import RelativeMultiHeadAttention
 from sparse_jax.models import plugins
-from sparse_jax.models.lm_config import XL_KINDS, LMConfig, head_dim_of
+from sparse_jax.models.lm_config import XL_KINDS, LMConfig, head_dim_of, rotary_fraction_of
 
 
 def build_attention(cfg: LMConfig, rngs: nnx.Rngs) -> nnx.Module:
@@ -42,7 +47,7 @@ def build_attention(cfg: LMConfig, rngs: nnx.Rngs) -> nnx.Module:
   if cfg.attention == "causal":
     return CausalSelfAttention(cfg.d_model, cfg.n_heads, head_dim_of(cfg),
                                n_layers=cfg.n_layers, attn_dropout=dropout, rotary=rotary,
-                               rngs=rngs)
+                               rotary_fraction=rotary_fraction_of(cfg), rngs=rngs)
   if cfg.attention == "switchhead_xl":
     return SwitchHeadXLAttention(cfg.d_model, cfg.n_heads, head_dim_of(cfg),
                                  cfg.attention_experts, cfg.attention_k, n_layers=cfg.n_layers,
@@ -50,7 +55,8 @@ def build_attention(cfg: LMConfig, rngs: nnx.Rngs) -> nnx.Module:
   if cfg.attention == "switchhead":
     return SwitchHeadAttention(cfg.d_model, cfg.n_heads, head_dim_of(cfg), cfg.attention_experts,
                                cfg.attention_k, n_layers=cfg.n_layers,
-                               positions="rope" if rotary else "none", attn_dropout=dropout,
+                               positions="rope" if rotary else "none",
+                               rope_fraction=rotary_fraction_of(cfg), attn_dropout=dropout,
                                impl=cfg.attention_impl, rngs=rngs)
   return SparseQKVAttention(cfg.d_model, cfg.n_heads, n_modules=cfg.attention_sparsity,
                             n_layers=cfg.n_layers, attn_dropout=dropout, rotary=rotary,
@@ -64,6 +70,7 @@ class DecoderBlock(nnx.Module):
   def __init__(self, cfg: LMConfig, *, rngs: nnx.Rngs):
     d = cfg.d_model
     self.is_xl = cfg.attention in XL_KINDS
+    self.peri_norm = cfg.block_norm == "peri"
     self.attn_norm = layer_norm(d, epsilon=cfg.layer_norm_eps, rngs=rngs)
     self.attn = build_attention(cfg, rngs)
     self.ff_norm = layer_norm(d, epsilon=cfg.layer_norm_eps, rngs=rngs)
@@ -76,7 +83,9 @@ class DecoderBlock(nnx.Module):
   def _feed_forward(self, h_btd, *, decoding: bool):
     """The FF sublayer, then the memory; when decoding, the FF's sparse `decode` path if any."""
     x_btd = self.ff_norm(h_btd)
-    if decoding and self.ff.has_sparse_decode:
+    if self.peri_norm:
+      y_btd, aux = self.ff(h_btd, sel_input=x_btd)
+    elif decoding and self.ff.has_sparse_decode:
       y_btd, aux = self.ff.decode(x_btd), {"reg_loss": jnp.zeros((), jnp.float32)}
     else:
       y_btd, aux = self.ff(x_btd)
@@ -88,12 +97,14 @@ class DecoderBlock(nnx.Module):
     if self.is_xl:
       ctx_bkd = jnp.concatenate([mem_bmd.astype(h_btd.dtype), h_btd], axis=1)
       args = (self.attn_norm(ctx_bkd), h_btd.shape[1], mem_valid)
+    elif self.peri_norm:
+      args = (self.attn_norm(h_btd), h_btd)  # SwitchHead's values read the raw residual.
     else:
       args = (self.attn_norm(h_btd),)
     if isinstance(self.attn, SwitchHeadAttention):
       attended, aux = self.attn.apply_with_aux(*args)
-      return attended, {"attn_v/token_share": aux["v_token_share"],
-                        "attn_o/token_share": aux["o_token_share"]}
+      return attended, {f"attn_{router}/{key}": aux[f"{router}_{key}"]
+                        for router in ("v", "o") for key in ("token_share", "logits")}
     return self.attn(*args), {}
 
   def __call__(self, h_btd, mem_bmd, mem_valid, *, decoding: bool = False):
@@ -105,7 +116,8 @@ class DecoderBlock(nnx.Module):
 
   def decode(self, h_b1d: jax.Array, cache: dict, position: jax.Array):
     """One token of a non-XL block from its attention cache: `(h, cache)`."""
-    attended, cache = self.attn.decode(self.attn_norm(h_b1d), cache, position)
+    values = (h_b1d,) if self.peri_norm else ()
+    attended, cache = self.attn.decode(self.attn_norm(h_b1d), cache, position, *values)
     h_b1d = adapted_residual(self.attn_adapter, self.dropout(attended), h_b1d)
     h_b1d, _ = self._feed_forward(h_b1d, decoding=True)
     return h_b1d, cache

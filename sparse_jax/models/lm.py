@@ -8,6 +8,11 @@ memory is empty. Decoding: `cache = lm.init_cache(batch, max_len)`, `logits, cac
 lm.decode_step(tokens_b1, cache)`: a KV cache for `causal`/`sparse_qkv`/`switchhead`, the XL
 memory for the XL kinds; sparse FF layers use
 their sparse decode path. The `model` section's schema is `models.lm_config.LMConfig`.
+
+MoEUT (Csordas et al. 2024) is this LM with `model.layer_groups` G < `n_layers` (G blocks
+repeated in order, each repeat its own cache and memory rows), `model.block_norm="peri"`,
+SwitchHead attention, a sigma-MoE FF and `model.moeut_ff_reg` / `moeut_attention_reg`
+(`configs/moeut_paper.py`).
 """
 
 import math
@@ -24,6 +29,7 @@ from sparse_jax.layers.xl_attention import sinusoid_embedding
 from sparse_jax.models.blocks import DecoderBlock
 from sparse_jax.models.lm_config import (EMBED_INITS, XL_KINDS, LMConfig,
                                          validate_model_config)
+from sparse_jax.models.moeut_regularizer import moeut_regularizer
 from sparse_jax.models.remat import rematerialized
 from sparse_jax.models.xl_memory import XLMemory
 
@@ -58,7 +64,10 @@ class TransformerLM(nnx.Module):
                            embedding_init=EMBED_INITS[cfg.embed_init],
                            embedding_metadata={"logical_axes": ("vocab", "embed")}, rngs=rngs)
     self.embed_dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
-    self.blocks = nnx.List([DecoderBlock(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
+    # MoEUT: `layer_groups` distinct blocks, layer i running block i % G (`layer_blocks`).
+    self.n_groups = cfg.layer_groups or cfg.n_layers
+    self.blocks = nnx.List([DecoderBlock(cfg, rngs=rngs) for _ in range(self.n_groups)])
+    self.moeut_ff_reg, self.moeut_attention_reg = cfg.moeut_ff_reg, cfg.moeut_attention_reg
     self.final_norm = layer_norm(cfg.d_model, epsilon=cfg.layer_norm_eps, rngs=rngs)
     self.output_dropout = nnx.Dropout(cfg.dropout if cfg.output_dropout else 0.0, rngs=rngs)
     # The output projection: "sparse" (multiplicative), "tied" (to the embedding) or "dense".
@@ -73,6 +82,11 @@ class TransformerLM(nnx.Module):
                                                           (cfg.d_model, cfg.vocab_size)),
                              logical_axes=("embed", "vocab"))
     self.b_out = nnx.Param(jnp.zeros((cfg.vocab_size,)), logical_axes=("vocab",))
+
+  @property
+  def layer_blocks(self) -> list[DecoderBlock]:
+    """The block of each of the `n_layers` layers, in order (a shared one at each repeat)."""
+    return [self.blocks[i % self.n_groups] for i in range(self.n_layers)]
 
   def init_memory(self, batch: int, mem_len: int | None = None) -> XLMemory:
     """An empty memory of `mem_len` positions (default `model.mem_len`; 0 unless XL)."""
@@ -100,12 +114,16 @@ class TransformerLM(nnx.Module):
     h_btd = self._embed(tokens_bt, 0)
     layer_inputs, reg_loss, aux = [], jnp.zeros((), jnp.float32), {}
     call = _decode_block if decoding else rematerialized(_call_block, self.remat)
-    for i, block in enumerate(self.blocks):
+    for i, block in enumerate(self.layer_blocks):
       layer_inputs.append(h_btd)
       h_btd, block_aux = call(block, h_btd, memory.hidden_lbmd[i], memory.valid)
       reg_loss = reg_loss + block_aux["reg_loss"].astype(jnp.float32)
       aux.update({f"layer{i}/{key}": value for key, value in block_aux.items()
                   if key != "reg_loss"})
+    if self.moeut_ff_reg or self.moeut_attention_reg:
+      reg_loss = reg_loss + moeut_regularizer(aux, self.n_layers, self.n_groups,
+                                              ff_coef=self.moeut_ff_reg,
+                                              attention_coef=self.moeut_attention_reg)
     aux["reg_loss"] = reg_loss
     new_memory = memory.append(jnp.stack(layer_inputs))
     return self.output_dropout(self.final_norm(h_btd)), new_memory, aux
@@ -128,7 +146,7 @@ class TransformerLM(nnx.Module):
       return self.init_memory(batch, max_len)
     return {"position": jnp.zeros((), jnp.int32),
             "layers": [block.attn.init_cache(batch, max_len, self.dtype)
-                       for block in self.blocks]}
+                       for block in self.layer_blocks]}
 
   def decode_step(self, tokens_b1: jax.Array, cache):
     """Logits `[B, 1, V]` of the next token after `tokens_b1`, and the updated cache."""
@@ -138,7 +156,7 @@ class TransformerLM(nnx.Module):
     position = cache["position"]
     h_b1d = self._embed(tokens_b1, position)
     layers = []
-    for block, layer_cache in zip(self.blocks, cache["layers"]):
+    for block, layer_cache in zip(self.layer_blocks, cache["layers"]):
       h_b1d, layer_cache = block.decode(h_b1d, layer_cache, position)
       layers.append(layer_cache)
     logits = self.logits(self.final_norm(h_b1d))

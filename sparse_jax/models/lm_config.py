@@ -13,6 +13,7 @@ import ml_collections
 import pallas_kernels
 from sparse_jax import schema, validation
 from sparse_jax.layers.precision import COMPUTE_DTYPES
+from sparse_jax.layers.rotary import rotated_channels
 from sparse_jax.layers.registry import FFConfig
 from sparse_jax.models import plugins
 from sparse_jax.models.remat import REMAT_KINDS
@@ -22,6 +23,9 @@ ATTENTION_KINDS = ("xl", "causal", "sparse_qkv", "switchhead", "switchhead_xl")
 XL_KINDS = ("xl", "switchhead_xl")
 SWITCHHEAD_KINDS = ("switchhead", "switchhead_xl")
 ATTN_SCALES = ("fixed", "learned")
+# "pre": LayerNorm before each sublayer; "peri": MoEUT's, the LayerNorm read only by Q, K and
+# the routers, the values and the FF experts reading the raw residual (`models.blocks`).
+BLOCK_NORMS = ("pre", "peri")
 POSITIONS = ("rotary", "sinusoidal")
 
 # Token embedding init: N(0, 1), or Xavier-uniform over `[vocab, d_model]` as the sigma-MoE
@@ -58,9 +62,12 @@ class LMConfig(ModelConfig):
   mem_len: schema.NonNegativeInt  # XL memory positions in training (XL_KINDS only).
   head_dim: schema.PositiveInt | None = None  # None: d_model // n_heads.
   attention: Literal[ATTENTION_KINDS] = "xl"
-  # Not XL_KINDS. "rotary": every channel of q and k rotated (SwitchHead: the first
-  # half, as its authors' SwitchHeadRope); "sinusoidal": added to the embeddings.
+  # Not XL_KINDS. "rotary": q and k rotated (`rotary_fraction` of their channels);
+  # "sinusoidal": added to the embeddings.
   positions: Literal[POSITIONS] = "rotary"
+  # The leading fraction of each head's channels that rotary positions rotate, rounded down to
+  # even (`layers.rotary.rotated_channels`); None: all for causal, half for switchhead.
+  rotary_fraction: schema.Probability | None = None
   # S, the modules of the sparse QKV layer (sparse_qkv attention only); None: n_heads.
   attention_sparsity: schema.PositiveInt | None = None
   # SwitchHead (SWITCHHEAD_KINDS only): E V and O experts per head, K of them active, and
@@ -68,6 +75,13 @@ class LMConfig(ModelConfig):
   attention_experts: schema.PositiveInt | None = None
   attention_k: schema.PositiveInt | None = None
   attention_impl: Literal[pallas_kernels.IMPLS] = "auto"
+  # MoEUT (Csordas et al. 2024): G distinct blocks repeated in order (ABAB...) to make
+  # `n_layers` (None: every layer its own), the peri-LayerNorm, and its regulariser of the
+  # routers over time and repeats per sequence (`models.moeut_regularizer`).
+  layer_groups: schema.PositiveInt | None = None
+  block_norm: Literal[BLOCK_NORMS] = "pre"
+  moeut_ff_reg: schema.NonNegativeFloat = 0.0  # gamma: the sigma-MoE FF routers.
+  moeut_attention_reg: schema.NonNegativeFloat = 0.0  # delta: SwitchHead's V and O routers.
   tie_embeddings: bool = False
   loss_sparsity: schema.NonNegativeInt = 0  # S of the multiplicative output; 0: dense.
   # The sigma-MoE authors' Transformer-XL sets these four (`configs/paper_training.py`).
@@ -90,12 +104,18 @@ class LMConfig(ModelConfig):
                        f"None or a divisor of {path}.d_model={self.d_model}",
                        self.attention_sparsity)
     self._check_switchhead(path)
+    self._check_moeut(path)
     validation.require(self.loss_sparsity == 0 or self.vocab_size % self.loss_sparsity == 0,
                        f"{path}.loss_sparsity",
                        f"0 (dense) or a divisor of {path}.vocab_size={self.vocab_size}",
                        self.loss_sparsity)
     validation.require(not (self.loss_sparsity and self.tie_embeddings),
                        f"{path}.tie_embeddings", f"False with {path}.loss_sparsity", True)
+    validation.require(self.rotary_fraction is None or
+                       (self.attention in ("causal", "switchhead") and self.positions == "rotary"),
+                       f"{path}.rotary_fraction",
+                       "None unless attention is 'causal' or 'switchhead' with rotary positions",
+                       self.rotary_fraction)
     validation.require(self.attn_scale == "fixed" or self.attention == "xl",
                        f"{path}.attn_scale", "'fixed' unless attention is 'xl'",
                        self.attn_scale)
@@ -119,12 +139,32 @@ class LMConfig(ModelConfig):
                        experts)
     validation.require(k is not None and k <= experts, f"{path}.attention_k",
                        f"an int in [1, {path}.attention_experts={experts}]", k)
-    rotated = head_dim_of(self) // 2
     rotary = self.attention == "switchhead" and self.positions == "rotary"
-    validation.require(not rotary or (rotated >= 2 and rotated % 2 == 0),
+    validation.require(not rotary or rotated_channels(rotary_fraction_of(self),
+                                                      head_dim_of(self)) >= 2,
                        f"{path}.head_dim",
-                       "a head size whose half is even and >= 2 (SwitchHead rotates the first "
-                       "half of each head's channels)", head_dim_of(self))
+                       f"a head size of which {path}.rotary_fraction rotates at least 2 "
+                       "channels (rounded down to even)", head_dim_of(self))
+
+
+  def _check_moeut(self, path: str) -> None:
+    """Groups that divide the layers; the peri-LayerNorm and the regularisers only where the
+    layers they need are (SwitchHead reads its values raw, sigma-MoE routes on the norm)."""
+    validation.require(self.layer_groups is None or self.n_layers % self.layer_groups == 0,
+                       f"{path}.layer_groups",
+                       f"None or a divisor of {path}.n_layers={self.n_layers}",
+                       self.layer_groups)
+    ff_kind = getattr(self.ff, "kind", None)
+    validation.require(
+        self.block_norm == "pre" or (self.attention == "switchhead" and ff_kind == "sigma_moe"),
+        f"{path}.block_norm", "'pre' unless attention is 'switchhead' and ff.kind 'sigma_moe'",
+        self.block_norm)
+    validation.require(not self.moeut_ff_reg or ff_kind == "sigma_moe", f"{path}.moeut_ff_reg",
+                       "0 unless ff.kind is 'sigma_moe'", self.moeut_ff_reg)
+    validation.require(not self.moeut_attention_reg or self.attention in SWITCHHEAD_KINDS,
+                       f"{path}.moeut_attention_reg",
+                       f"0 unless attention is one of {SWITCHHEAD_KINDS}",
+                       self.moeut_attention_reg)
 
 
 def validate_model_config(cfg: ml_collections.ConfigDict | dict | LMConfig) -> LMConfig:
@@ -135,3 +175,10 @@ def validate_model_config(cfg: ml_collections.ConfigDict | dict | LMConfig) -> L
 def head_dim_of(cfg: "LMConfig") -> int:
   """`model.head_dim`, or `d_model // n_heads` when it is None."""
   return cfg.head_dim or cfg.d_model // cfg.n_heads
+
+
+def rotary_fraction_of(cfg: "LMConfig") -> float:
+  """`model.rotary_fraction`, or its default: half for SwitchHead (its authors'), else all."""
+  if cfg.rotary_fraction is not None:
+    return cfg.rotary_fraction
+  return 0.5 if cfg.attention == "switchhead" else 1.0

@@ -1,18 +1,20 @@
 """The `train` section: the optimiser with global-norm clipping and a learning-rate schedule.
 
-Optimisers: Adam (PyTorch's defaults; sigma-MoE, SPARTAN) or Adafactor as Trax configures it
-for Terraformer (`scientific_papers_terraformer.gin`: no momentum, decay rate 0.9, update
-clipping 1.0, factored second moments, updates scaled by the parameters' RMS).
+Optimisers: Adam (PyTorch's defaults; sigma-MoE, SPARTAN), AdamW (PyTorch's `AdamW`, MoEUT)
+or Adafactor as Trax configures it for Terraformer (`scientific_papers_terraformer.gin`: no
+momentum, decay rate 0.9, update clipping 1.0, factored second moments, updates scaled by the
+parameters' RMS).
 
 Schedules, after a linear warmup to `lr` over `warmup_steps`: cosine decay to zero
-(sigma-MoE App. B); linear decay to zero (the Hugging Face Trainer's default, which the
+(sigma-MoE App. B), or to `end_lr_fraction * lr` (MoEUT: 0.1); linear decay to zero (the Hugging Face Trainer's default, which the
 SPARTAN reference runs); or "rsqrt", Trax's `constant * linear_warmup * rsqrt_decay`:
 `lr * sqrt(warmup_steps / max(t, warmup_steps))`, which never reaches zero.
 
-Weight decay (`weight_decay` r) is Trax's rule, in its Adam and Adafactor alike: after the
-update, every weight is multiplied by `1 - r` each step, whatever the learning rate
-(`w <- (1 - r) w - update`); Terraformer trains with r = 1e-5. It is not AdamW's
-`lr * r * w`, nor L2 added to the gradient.
+Weight decay (`weight_decay` r) with Adam and Adafactor is Trax's rule: after the update,
+every weight is multiplied by `1 - r` each step, whatever the learning rate
+(`w <- (1 - r) w - update`); Terraformer trains with r = 1e-5. With AdamW it is AdamW's,
+`w <- w - lr_t r w` besides the update (scaled by the schedule; MoEUT: r = 0.01). Neither is
+L2 added to the gradient.
 """
 
 from typing import Literal
@@ -25,7 +27,7 @@ from sparse_jax.training import profiling
 
 
 SCHEDULES = ("cosine", "linear", "rsqrt")
-OPTIMIZERS = ("adam", "adafactor")
+OPTIMIZERS = ("adam", "adamw", "adafactor")
 
 
 class TrainConfig(schema.Schema):
@@ -39,9 +41,11 @@ class TrainConfig(schema.Schema):
   lr: schema.PositiveFloat
   warmup_steps: schema.NonNegativeInt = 0
   schedule: Literal[SCHEDULES] = "cosine"  # The decay after the warmup (module docstring).
+  end_lr_fraction: schema.Probability = 0.0  # cosine only: where it ends, a fraction of lr.
   optimizer: Literal[OPTIMIZERS] = "adam"
   grad_clip: schema.PositiveFloat | None = None
-  # Trax's weight decay (module docstring): w <- (1 - weight_decay) w every step; 0: none.
+  # Weight decay (module docstring): Trax's w <- (1 - weight_decay) w every step, or with
+  # adamw AdamW's; 0: none.
   weight_decay: schema.Probability = 0.0
   log_every: schema.PositiveInt
   eval_every: schema.PositiveInt
@@ -58,6 +62,9 @@ class TrainConfig(schema.Schema):
     validation.require(self.warmup_steps < self.steps, f"{path}.warmup_steps",
                        f"an integer in [0, {path}.steps={self.steps})", self.warmup_steps)
     profiling.parse_steps(self.profile_steps, f"{path}.profile_steps", self.steps)
+    validation.require(self.end_lr_fraction == 0 or self.schedule == "cosine",
+                       f"{path}.end_lr_fraction", "0 unless schedule is 'cosine'",
+                       self.end_lr_fraction)
 
   @property
   def profile_window(self) -> tuple[int, int] | None:
@@ -85,7 +92,8 @@ def learning_rate_schedule(cfg: TrainConfig) -> optax.Schedule:
   if cfg.schedule == "cosine":
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0 if cfg.warmup_steps else cfg.lr, peak_value=cfg.lr,
-        warmup_steps=cfg.warmup_steps, decay_steps=cfg.steps, end_value=0.0)
+        warmup_steps=cfg.warmup_steps, decay_steps=cfg.steps,
+        end_value=cfg.end_lr_fraction * cfg.lr)
   decay = optax.linear_schedule(cfg.lr, 0.0, cfg.steps - cfg.warmup_steps)
   if not cfg.warmup_steps:
     return decay
@@ -107,10 +115,13 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
   if cfg.optimizer == "adafactor":
     optimizer = optax.adafactor(schedule, decay_rate=0.9, clipping_threshold=1.0, momentum=None,
                                 multiply_by_parameter_scale=True, factored=True, eps=1e-16)
+  elif cfg.optimizer == "adamw":
+    optimizer = optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-8,
+                            weight_decay=cfg.weight_decay)
   else:
     optimizer = optax.adam(schedule, b1=0.9, b2=0.999, eps=1e-8)
   parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip is not None else []
   parts.append(optimizer)
-  if cfg.weight_decay:
+  if cfg.weight_decay and cfg.optimizer != "adamw":
     parts.append(decay_weights_every_step(cfg.weight_decay))
   return parts[0] if len(parts) == 1 else optax.chain(*parts)

@@ -23,7 +23,7 @@ from sparse_jax.validation import ConfigError
 # Dotted config paths (a prefix covers its whole section) that may differ on resume.
 SAFE_TO_CHANGE = (
     "train.steps", "train.lr", "train.warmup_steps", "train.schedule", "train.grad_clip",
-    "train.weight_decay",
+    "train.weight_decay", "train.end_lr_fraction",
     "train.log_every", "train.eval_every", "train.ckpt_every", "train.keep_checkpoints",
     "train.profile_steps", "train.grad_accum_steps", "model.remat",
     "eval", "mesh",
@@ -39,7 +39,9 @@ FIELDS_ADDED_LATER = {
         "ff_dropout": None, "attention_bias": False, "reversible_encoder": False},
     ("data", "name", "arxiv"): {"article_end": "eos"},
     ("model", "kind", "lm"): {  # SwitchHead attention's fields (docs/switchhead.md).
-        "attention_experts": None, "attention_k": None, "attention_impl": "auto"},
+        "attention_experts": None, "attention_k": None, "attention_impl": "auto",
+        "layer_groups": None, "block_norm": "pre", "moeut_ff_reg": 0.0,  # MoEUT's.
+        "moeut_attention_reg": 0.0, "rotary_fraction": None},
 }
 
 

@@ -168,7 +168,7 @@ def test_top_k_per_head_with_sigmoid_gates():
   for router, key in (("sel_v", "v_selection"), ("sel_o", "o_selection")):
     sel = np.asarray(aux[key])
     assert sel.shape == (B, T, H, K) and sel.dtype == np.int32
-    gates, chosen = layer.route(x, getattr(layer, router))
+    gates, chosen, _ = layer.route(x, getattr(layer, router))
     np.testing.assert_array_equal(np.asarray(chosen), sel)
     for b in range(B):
       for t in range(T):

@@ -33,7 +33,7 @@ def _model_config(**overrides):
     ({"attention": "causal"}, "model.attention_experts"),
     ({"attention": "causal", "attention_experts": None, "attention_k": None,
       "attention_impl": "gather"}, "model.attention_impl"),
-    ({"head_dim": 6}, "model.head_dim"),  # half of 6 is odd: no rotate-half over 3 channels
+    ({"head_dim": 3}, "model.head_dim"),  # half of 3, rounded down to even, rotates none
 ])
 def test_bad_switchhead_configs_name_the_field(overrides, field):
   with pytest.raises(ValueError, match=field.replace(".", r"\.")):
@@ -41,7 +41,7 @@ def test_bad_switchhead_configs_name_the_field(overrides, field):
 
 
 def test_sinusoidal_positions_lift_the_head_dim_rule():
-  validate_model_config(_model_config(head_dim=6, positions="sinusoidal"))
+  validate_model_config(_model_config(head_dim=3, positions="sinusoidal"))
 
 
 @pytest.mark.parametrize("impl", ["gather", "blocked", "pallas"])

@@ -74,3 +74,36 @@ def test_weight_decay_is_trax_rule_not_scaled_by_the_learning_rate(optimizer):
 def test_unknown_optimizer_names_the_field_and_choices():
   with pytest.raises(ConfigError, match=r"train\.optimizer.*adam.*adafactor"):
     train_config(optimizer="sgd")
+
+
+def test_adamw_is_pytorchs_adamw_in_float64_numpy():
+  """torch.optim.AdamW (its documented algorithm): `w <- w - lr_t wd w`, then Adam's
+  bias-corrected step; lr_t the schedule's (cosine to `end_lr_fraction * lr`)."""
+  lr, wd, eps, steps = 0.01, 0.05, 1e-8, 5
+  cfg = train_config(optimizer="adamw", lr=lr, weight_decay=wd, steps=steps,
+                     end_lr_fraction=0.1)
+  tx, schedule = make_optimizer(cfg), learning_rate_schedule(cfg)
+  w = jax.random.normal(jax.random.key(0), (6, 5))
+  w64, m, v = np.asarray(w, np.float64), 0.0, 0.0
+  state = tx.init(w)
+  for t in range(steps):
+    g = jnp.cos(2 * w) + 0.3
+    updates, state = tx.update(g, state, w)
+    w = optax.apply_updates(w, updates)
+    g64, lr_t = np.cos(2 * w64) + 0.3, float(schedule(t))
+    w64 = w64 - lr_t * wd * w64
+    m, v = 0.9 * m + 0.1 * g64, 0.999 * v + 0.001 * g64 ** 2
+    m_hat, v_hat = m / (1 - 0.9 ** (t + 1)), v / (1 - 0.999 ** (t + 1))
+    w64 = w64 - lr_t * m_hat / (np.sqrt(v_hat) + eps)
+  np.testing.assert_allclose(w, w64, rtol=1e-5, atol=1e-6)
+
+
+def test_cosine_ends_at_its_end_fraction():
+  cfg = train_config(lr=0.02, steps=1000, warmup_steps=100, end_lr_fraction=0.1)
+  schedule = learning_rate_schedule(cfg)
+  for t in (100, 550, 1000):
+    progress = (t - 100) / 900
+    expected = 0.002 + (0.02 - 0.002) * 0.5 * (1 + np.cos(np.pi * progress))
+    assert float(schedule(t)) == pytest.approx(expected, rel=1e-5)
+  with pytest.raises(ConfigError, match=r"train\.end_lr_fraction"):
+    train_config(schedule="linear", end_lr_fraction=0.1)

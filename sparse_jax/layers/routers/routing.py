@@ -21,12 +21,15 @@ class Routing:
     reg_loss: scalar regulariser, already multiplied by the router's coefficient.
     stats: the router's own scalar diagnostics of this decision (Switch: `dropped_fraction`;
       S-BASE: `rerouted_fraction`), which `MoE` adds to its aux for routing health.
+    logits_ne: `[N, E]` float32 selector logits, for a regulariser over more than this call
+      (MoEUT's, across a shared layer's repeats: `models.moeut_regularizer`); sigma only.
   """
 
   sel_nk: jax.Array
   gates_nk: jax.Array
   reg_loss: jax.Array
   stats: dict[str, jax.Array] = flax.struct.field(default_factory=dict)
+  logits_ne: jax.Array | None = None
 
 
 def equal_norm_rows(key: jax.Array, shape: tuple[int, int], std: float) -> jax.Array:

@@ -31,4 +31,4 @@ class SigmaRouter(routing.Router):
       scores_ne = routing.drop_experts(self.rngs(), scores_ne, self.expert_dropout, 0.0)
     gates_nk, sel_nk = jax.lax.top_k(scores_ne, self.k)
     reg = self.reg_coef * routing.entropy_regularizer(logits_ne)
-    return routing.Routing(sel_nk.astype(jnp.int32), gates_nk, reg)
+    return routing.Routing(sel_nk.astype(jnp.int32), gates_nk, reg, logits_ne=logits_ne)

@@ -1,4 +1,4 @@
-"""Rebuilds `outputs.npz`: the authors' SwitchHead (RoPE) forward and gradients, float64.
+"""Rebuilds `outputs.npz` and `outputs_xl.npz`: the authors' SwitchHead (RoPE, XL), float64.
 
   git --git-dir=<switchhead.git> archive HEAD | tar -x -C /tmp/switchhead_src
   python tests/data/switchhead_reference/make_reference.py --authors_src /tmp/switchhead_src \
@@ -33,6 +33,26 @@ only for the duration of the calls and without touching their files:
   `torch.arange(...).float()`, line 188) is recomputed in float64 with their formula.
 The same weights run through their code in plain float32 (Triton kernels emulated, nothing
 else changed) to report how far float32 rounding moves their own result (printed only).
+
+`outputs_xl.npz` (`tests/layers/test_switchhead_authors.py` again): their `SwitchHeadXL`
+(same file, Transformer-XL relative positions) at the same sizes, 3 memory rows and a 4-row
+segment, on a context ctx [2, 3 + 4, 24] whose first 3 rows are the memory (all real: our
+`mem_valid = 3`), every weight drawn as above (own seed), the loss `sum(out * R)` over the
+segment's outputs, gradients wrt ctx and every weight (their `pos_to_pk` included). Their
+`forward(q_src, k_src, v_src, mask, kv_cache)` cannot take the memory as `k_src`: it sets
+`pos_offset = q_src.shape[1] - k_src.shape[1]` and asserts it is >= 0 (switchhead.py lines
+131-132), so K = k_src longer than Q fails. It takes it through `kv_cache` (lines 156-162):
+the harness runs their layer on the memory rows (`kv_cache={}`: their K, and V through the V
+router and experts, of the memory rows) and then on the segment with that cache, their
+default mask (causal over the segment, memory visible: `get_mask_tensor` pads it, lines
+90-95). With a cache `pos_offset` is 0 (q_src and k_src both the segment), which puts query i
+of the segment at position i instead of M + i in `get_pos_subset` (lines 327-332): the
+harness passes `attend` `pos_offset + K_len - Q_len` = M instead, the value the paper's code
+passes (RobertCsordas/moe_attention `models/transformer_language_model.py` line 114,
+`pos_offset` = the memory length, with `attend_to` = [memory; segment]). Their output with
+the offset as released is saved too (`out_as_released`, float64), to show the difference.
+Float64 as above, plus: their sinusoid table (`pos_encoding`, built in float32 by
+`sinusoidal_pos_embedding`, lines 314-320) is recomputed in float64 with their formula.
 """
 
 import argparse
@@ -59,6 +79,12 @@ PARAM_STD = {"q.weight": 1.5 / math.sqrt(D_MODEL), "k.weight": 1.5 / math.sqrt(D
              "v": 1.0 / math.sqrt(D_MODEL), "o": 1.0 / math.sqrt(N_HEADS * HEAD_DIM),
              "sel_v": 2.0 / math.sqrt(D_MODEL), "sel_o": 2.0 / math.sqrt(D_MODEL)}
 MIN_TOPK_MARGIN = 1e-3  # K-th minus (K+1)-th sigmoid score, every token, head and router
+# XL: memory rows, segment rows, its seed; `pos_to_pk` [H*Dh, d] like q and k (position scores
+# of the size of the content scores).
+OUT_XL = os.path.join(HERE, "outputs_xl.npz")
+MEM, SEG = 3, 4
+SEED_XL = 20240929
+PARAM_STD_XL = dict(PARAM_STD, pos_to_pk=1.5 / math.sqrt(D_MODEL))
 
 
 # --- CPU stand-ins for their Triton kernels ------------------------------------------------
@@ -160,16 +186,17 @@ def authors_commit(src: str, given: str | None) -> str:
              "extracted from, e.g. `git --git-dir=<switchhead.git> rev-parse HEAD`)")
 
 
-def draw(rng: np.random.Generator, shapes: dict) -> dict:
-  params = {name: rng.standard_normal(shape) * PARAM_STD[name] for name, shape in shapes.items()}
-  x = rng.standard_normal((BATCH, SEQ, D_MODEL))
-  r = rng.standard_normal((BATCH, SEQ, D_MODEL))
+def draw(rng: np.random.Generator, shapes: dict, std: dict = PARAM_STD,
+         x_len: int = SEQ, r_len: int = SEQ) -> dict:
+  params = {name: rng.standard_normal(shape) * std[name] for name, shape in shapes.items()}
+  x = rng.standard_normal((BATCH, x_len, D_MODEL))
+  r = rng.standard_normal((BATCH, r_len, D_MODEL))
   return params, x, r
 
 
 def topk_margin(w_ed: np.ndarray, x_btd: np.ndarray) -> float:
   scores = 1.0 / (1.0 + np.exp(-(x_btd @ w_ed.T)))
-  scores = np.sort(scores.reshape(BATCH, SEQ, N_HEADS, N_EXPERTS), axis=-1)[..., ::-1]
+  scores = np.sort(scores.reshape(*x_btd.shape[:-1], N_HEADS, N_EXPERTS), axis=-1)[..., ::-1]
   return float(np.min(scores[..., TOP_K - 1] - scores[..., TOP_K]))
 
 
@@ -211,32 +238,79 @@ def run(switchhead, cvmm_module, sh_module, params, x, r, dtype, *, exact64: boo
   return result
 
 
+def sinusoid_table_float64(pe_size: int, n_rows: int):
+  """Their `create_pos_buffer` (`sinusoidal_pos_embedding`: positions `-(n+1)/2 + 1 ...`, sin
+  at even and cos at odd channels, `exp(2i * -ln(10000) / d)` frequencies) in float64."""
+  import torch  # pylint: disable=import-outside-toplevel
+  max_len = (n_rows + 1) // 2
+  position = torch.arange(0, n_rows, dtype=torch.float64).unsqueeze(1) - max_len + 1
+  div_term = torch.exp(torch.arange(0, pe_size, 2, dtype=torch.float64) *
+                       (-math.log(10000.0) / pe_size))
+  pe = torch.zeros(n_rows, pe_size, dtype=torch.float64)
+  pe[:, 0::2] = torch.sin(position * div_term)
+  pe[:, 1::2] = torch.cos(position * div_term)
+  return pe
+
+
+def run_xl(switchhead, cvmm_module, sh_module, params, ctx, r, dtype, *, exact64: bool,
+           autograd_cvmm: bool = False, as_released: bool = False):
+  """Their SwitchHeadXL on the segment `ctx[:, MEM:]` with the memory `ctx[:, :MEM]` in the
+  KV cache (module docstring), `pos_offset` corrected to MEM unless `as_released`: output and
+  `d sum(out * r)` wrt ctx and every parameter, float64 numpy."""
+  import torch  # pylint: disable=import-outside-toplevel
+  old_default = torch.get_default_dtype()
+  torch.set_default_dtype(dtype)
+  try:
+    layer = switchhead.SwitchHeadXL(D_MODEL, N_HEADS, N_EXPERTS, dropout=0.0, d_head=HEAD_DIM,
+                                    expert_dropout=0.0, moe_k=TOP_K, init_scale=1.0)
+  finally:
+    torch.set_default_dtype(old_default)
+  layer = layer.to(dtype)
+  if exact64:
+    table = sinusoid_table_float64(layer.pe_size, layer.pos_encoding.shape[0])
+    assert float((table - layer.pos_encoding).abs().max()) < 1e-3  # float32 angles up to 999
+    layer.pos_encoding = table
+  named = dict(layer.named_parameters())
+  assert set(named) == set(params), sorted(named)
+  with torch.no_grad():
+    for name, value in params.items():
+      named[name].copy_(torch.as_tensor(value, dtype=dtype))
+  layer.eval()
+  original_attend = layer.attend
+  offsets = []
+
+  def attend_at_memory_offset(pos_offset, v, k, q, mask):
+    assert pos_offset == 0  # their forward's q_src.shape[1] - k_src.shape[1], cache excluded
+    offsets.append(k.shape[-2] - q.shape[-2])
+    return original_attend(0 if as_released else offsets[-1], v, k, q, mask)
+
+  ctx_t = torch.as_tensor(ctx, dtype=dtype).requires_grad_(True)
+  rt = torch.as_tensor(r, dtype=dtype)
+  mem, seg = ctx_t[:, :MEM], ctx_t[:, MEM:]
+  with contextlib.ExitStack() as stack:
+    stack.enter_context(cpu_cvmm(cvmm_module, sh_module, dtype, autograd_cvmm))
+    stack.enter_context(patched(layer, "attend", attend_at_memory_offset))
+    if exact64:
+      stack.enter_context(float_keeps_float64())
+    _, cache = layer(mem, mem, mem, mask=None, kv_cache={})
+    assert cache["k"].shape[-2] == MEM and cache["v"].shape[-2] == MEM
+    out, _ = layer(seg, seg, seg, mask=None, kv_cache=cache)
+    assert out.dtype == dtype and out.shape == (BATCH, SEG, D_MODEL), (out.dtype, out.shape)
+    (out * rt).sum().backward()
+  assert offsets == [0, MEM], offsets
+  result = {"out": out.detach().numpy().astype(np.float64),
+            "grad/x": ctx_t.grad.numpy().astype(np.float64)}
+  for name, p in named.items():
+    result[f"grad/{name}"] = p.grad.numpy().astype(np.float64)
+  return result
+
+
 def max_rel(a: np.ndarray, b: np.ndarray) -> float:
   return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--authors_src", required=True,
-                      help="a checkout of RobertCsordas/switchhead (holds switchhead/)")
-  parser.add_argument("--authors_commit", default=None,
-                      help="its commit (default: `git rev-parse HEAD` in --authors_src)")
-  parser.add_argument("--out", default=OUT)
-  args = parser.parse_args()
-
+def make_rope(path, modules, commit, sources, torch_version) -> None:
   import torch  # pylint: disable=import-outside-toplevel
-  src = os.path.abspath(args.authors_src)
-  sys.path.insert(0, src)
-  import switchhead  # pylint: disable=import-outside-toplevel
-  from switchhead import cvmm as cvmm_module  # pylint: disable=import-outside-toplevel
-  from switchhead import switchhead as sh_module  # pylint: disable=import-outside-toplevel
-  assert os.path.dirname(os.path.abspath(switchhead.__file__)) == os.path.join(src, "switchhead")
-  commit = authors_commit(src, args.authors_commit)
-  sources = {}
-  for name in ("switchhead.py", "cvmm.py"):
-    with open(os.path.join(src, "switchhead", name), "rb") as f:
-      sources[name] = hashlib.sha256(f.read()).hexdigest()
-
   shapes = {"q.weight": (N_HEADS * HEAD_DIM, D_MODEL), "k.weight": (N_HEADS * HEAD_DIM, D_MODEL),
             "v": (N_HEADS * N_EXPERTS, D_MODEL, HEAD_DIM),
             "o": (N_HEADS * N_EXPERTS, HEAD_DIM, D_MODEL),
@@ -245,7 +319,7 @@ def main() -> None:
   margin = min(topk_margin(params["sel_v"], x), topk_margin(params["sel_o"], x))
   assert margin > MIN_TOPK_MARGIN, f"near-tie in a top-{TOP_K} ({margin:.2e}): change SEED"
 
-  common = (switchhead, cvmm_module, sh_module, params, x, r)
+  common = (*modules, params, x, r)
   ref = run(*common, torch.float64, exact64=True)
   check = run(*common, torch.float64, exact64=True, autograd_cvmm=True)
   as_is32 = run(*common, torch.float32, exact64=False)
@@ -267,12 +341,84 @@ def main() -> None:
       authors_repo=np.str_("https://github.com/RobertCsordas/switchhead"),
       authors_commit=np.str_(commit),
       authors_sha256=np.str_(" ".join(f"{k}:{v}" for k, v in sources.items())),
-      torch_version=np.str_(torch.__version__), dtype=np.str_("float64"),
+      torch_version=np.str_(torch_version), dtype=np.str_("float64"),
       max_rel_their_float32=np.array([max_rel(as_is32[k], v) for k, v in ref.items()]),
       max_rel_their_float32_names=np.array(list(ref)))
-  np.savez_compressed(args.out, **arrays)
-  print(f"wrote {args.out} ({os.path.getsize(args.out)} bytes), their commit {commit}, "
-        f"torch {torch.__version__}")
+  np.savez_compressed(path, **arrays)
+  print(f"wrote {path} ({os.path.getsize(path)} bytes), their commit {commit}, "
+        f"torch {torch_version}")
+
+
+def make_xl(path, modules, commit, sources, torch_version) -> None:
+  import torch  # pylint: disable=import-outside-toplevel
+  hd = N_HEADS * HEAD_DIM
+  shapes = {"q.weight": (hd, D_MODEL), "k.weight": (hd, D_MODEL),
+            "v": (N_HEADS * N_EXPERTS, D_MODEL, HEAD_DIM),
+            "o": (N_HEADS * N_EXPERTS, HEAD_DIM, D_MODEL),
+            "sel_v": (N_HEADS * N_EXPERTS, D_MODEL), "sel_o": (N_HEADS * N_EXPERTS, D_MODEL),
+            "pos_to_pk": (hd, D_MODEL)}
+  params, ctx, r = draw(np.random.default_rng(SEED_XL), shapes, PARAM_STD_XL, MEM + SEG, SEG)
+  # The V router reads every context row, the O router the segment's.
+  margin = min(topk_margin(params["sel_v"], ctx), topk_margin(params["sel_o"], ctx[:, MEM:]))
+  assert margin > MIN_TOPK_MARGIN, f"near-tie in a top-{TOP_K} ({margin:.2e}): change SEED_XL"
+
+  common = (*modules, params, ctx, r)
+  ref = run_xl(*common, torch.float64, exact64=True)
+  check = run_xl(*common, torch.float64, exact64=True, autograd_cvmm=True)
+  as_is32 = run_xl(*common, torch.float32, exact64=False)
+  released = run_xl(*common, torch.float64, exact64=True, as_released=True)
+  for name, value in ref.items():
+    err = max_rel(check[name], value)
+    assert err < 1e-12, f"{name}: their CVMM backward vs autograd, max rel {err:.2e}"
+  print(f"XL: top-{TOP_K} margin {margin:.3e}")
+  print(f"{'array':>16} {'max|ref|':>10} {'autograd cvmm':>14} {'their float32':>14} "
+        f"{'as released':>12}  (max rel)")
+  for name, value in ref.items():
+    print(f"{name:>16} {np.max(np.abs(value)):10.3e} {max_rel(check[name], value):14.2e} "
+          f"{max_rel(as_is32[name], value):14.2e} {max_rel(released[name], value):12.2e}")
+
+  arrays = {f"param/{name}": value for name, value in params.items()}
+  arrays.update(ref)
+  arrays.update(
+      x=ctx, r=r, out_as_released=released["out"],
+      shape=np.array([D_MODEL, N_HEADS, HEAD_DIM, N_EXPERTS, TOP_K, BATCH, MEM, SEG]),
+      authors_repo=np.str_("https://github.com/RobertCsordas/switchhead"),
+      authors_commit=np.str_(commit),
+      authors_sha256=np.str_(" ".join(f"{k}:{v}" for k, v in sources.items())),
+      torch_version=np.str_(torch_version), dtype=np.str_("float64"),
+      max_rel_their_float32=np.array([max_rel(as_is32[k], v) for k, v in ref.items()]),
+      max_rel_their_float32_names=np.array(list(ref)))
+  np.savez_compressed(path, **arrays)
+  print(f"wrote {path} ({os.path.getsize(path)} bytes), their commit {commit}, "
+        f"torch {torch_version}")
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--authors_src", required=True,
+                      help="a checkout of RobertCsordas/switchhead (holds switchhead/)")
+  parser.add_argument("--authors_commit", default=None,
+                      help="its commit (default: `git rev-parse HEAD` in --authors_src)")
+  parser.add_argument("--out", default=OUT)
+  parser.add_argument("--out_xl", default=OUT_XL)
+  args = parser.parse_args()
+
+  import torch  # pylint: disable=import-outside-toplevel
+  src = os.path.abspath(args.authors_src)
+  sys.path.insert(0, src)
+  import switchhead  # pylint: disable=import-outside-toplevel
+  from switchhead import cvmm as cvmm_module  # pylint: disable=import-outside-toplevel
+  from switchhead import switchhead as sh_module  # pylint: disable=import-outside-toplevel
+  assert os.path.dirname(os.path.abspath(switchhead.__file__)) == os.path.join(src, "switchhead")
+  commit = authors_commit(src, args.authors_commit)
+  sources = {}
+  for name in ("switchhead.py", "cvmm.py"):
+    with open(os.path.join(src, "switchhead", name), "rb") as f:
+      sources[name] = hashlib.sha256(f.read()).hexdigest()
+
+  modules = (switchhead, cvmm_module, sh_module)
+  make_rope(args.out, modules, commit, sources, torch.__version__)
+  make_xl(args.out_xl, modules, commit, sources, torch.__version__)
 
 
 if __name__ == "__main__":
