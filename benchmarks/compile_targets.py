@@ -19,7 +19,7 @@ it comes.
   (`aot.kernel_resources`).
 - configs: the training step of each paper config (`sigma_moe_paper`, `dense_paper`, the
   main `moe_variants` rows, `scaling_small`, `terraformer_arxiv:paper`, SPARTAN on a
-  RoBERTa-base architecture) on one device of each target: peak memory per device, fits or
+  RoBERTa-base architecture, SwitchHead's WT-103 models and MoEUT's 44M and 244M) on one device of each target: peak memory per device, fits or
   not; with `--bisect`, the largest batch (the config's times a power of two) that fits.
 """
 
@@ -60,7 +60,9 @@ CONFIGS = ("sigma_moe_paper.py:wt103_s", "sigma_moe_paper.py:wt103_s_star",
            "moe_variants.py:wt103_s,switch", "moe_variants.py:wt103_s,noisy_topk",
            "moe_variants.py:wt103_s,sbase", "moe_variants.py:wt103_s,pkm_relu",
            "scaling_small.py:dense", "scaling_small.py:ff_qkv_loss",
-           "terraformer_arxiv.py:paper", "glue.py:rte,spartan")
+           "terraformer_arxiv.py:paper", "glue.py:rte,spartan",
+           "switchhead_paper.py:wt103_s,switchhead", "switchhead_paper.py:wt103_b,switchhead",
+           "moeut_paper.py:44m,moeut", "moeut_paper.py:244m,moeut")
 MAX_BATCH_FACTOR = 16  # --bisect stops doubling at 16x the config's batch.
 # RoBERTa-base's architecture (its config.json on the Hugging Face hub): SPARTAN compiles on
 # its shapes; no weights are needed to compile.
@@ -129,6 +131,8 @@ def _config(name: str, roberta_dir: str):
       argument or None)
   if name.startswith("glue"):
     config.backbone.path = roberta_dir
+  if config.data.get("name") == "text_files" and not config.data.get("file"):
+    config.data.file = os.devnull  # The user's text (MoEUT's C4): compiling reads none.
   return config
 
 

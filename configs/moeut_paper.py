@@ -23,7 +23,8 @@ layer sharing.
 
 Training as theirs: context 1024 without memory, batch 64, 100k steps, AdamW (lr 2.5e-4,
 weight decay 0.01) with cosine decay to 0.1 lr, clipping 0.1 (44M) or 0.25 with 4000 warmup
-steps (244M), SentencePiece 8000. C4 is not a dataset here: the models train on your text
+steps (244M), SentencePiece 8000; their code's token embedding init (N(0, 1 / d_model)) and
+LayerNorm epsilon (1e-5). C4 is not a dataset here: the models train on your text
 (`text_files`, `--config.data.file=...`, 0.5% each for validation and test).
 """
 
@@ -60,7 +61,8 @@ def get_config(spec: str = "44m,moeut") -> ml_collections.ConfigDict:
   config.model = ml_collections.ConfigDict({
       "vocab_size": config.data.get_ref("sp_vocab_size").identity(), "d_model": d,
       "n_layers": layers, "mem_len": 0, "dropout": 0.0, "positions": "rotary",
-      "rotary_fraction": 0.5})  # Theirs rotate half of each head, dense and SwitchHead alike.
+      "rotary_fraction": 0.5,  # Theirs rotate half of each head, dense and SwitchHead alike.
+      "embed_init": "fan_in", "layer_norm_eps": 1e-5})  # Their code's (moeut/moeut.py).
   if variant == "dense":
     config.model.update(attention="causal", n_heads=dense[0], head_dim=dense[1],
                         ff={"kind": "dense", "d_ff": dense[2], "dropout": 0.0})

@@ -236,6 +236,25 @@ def _data_parallel(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, mesh, *, impl, 
   return mapped(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, *keys)
 
 
+def token_parallel_cvmm(x: jax.Array, sel_nk: jax.Array, w_eml: jax.Array,
+                        gates_nk: jax.Array, *, impl: str = "auto") -> jax.Array:
+  """`pallas_kernels.cvmm` (gated, `[N, L]`) on token rows split over the ambient mesh's batch
+  axes, for experts that are never expert-parallel (SwitchHead's): as it is where XLA can
+  partition the resolved impl; a GPU or TPU kernel it cannot partition
+  (`pallas_kernels.partitionable`) runs on each device's rows inside `shard_map`, the weights
+  replicated, as `_data_parallel` runs the expert MLP (unchecked varying axes, so the
+  weights' gradients are summed over the devices by the transpose)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  resolved = pallas_kernels.resolve(impl, x.dtype, w_eml.shape)
+  if parallel.batch_shards(mesh) == 1 or pallas_kernels.partitionable(resolved):
+    return pallas_kernels.cvmm(x, sel_nk, w_eml, gates_nk, impl=impl)
+  rows = parallel.partition_spec(("batch",) + (None,) * (x.ndim - 1), mesh=mesh)
+  slots = parallel.partition_spec(("batch", None), mesh=mesh)
+  mapped = jax.shard_map(functools.partial(pallas_kernels.cvmm, impl=impl),
+                         in_specs=(rows, slots, P(), slots), out_specs=slots, check_vma=False)
+  return mapped(x, sel_nk, w_eml, gates_nk)
+
+
 def apply_experts(x_nd: jax.Array, sel_nk: jax.Array, gates_nk: jax.Array,
                   w_up_edg: jax.Array, w_down_egd: jax.Array, *, impl: str = "auto",
                   dropout_rate: float = 0.0, dropout_key: jax.Array | None = None,

@@ -42,8 +42,9 @@ Positions: `"rope"` (rotary on the first `rope_fraction * Dh` channels of q and 
 `[memory; segment]`, the paper's main rows.
 
 Expert projections run on `pallas_kernels.cvmm` over the `H * E` experts (expert id
-`h * E + e`). V: the token rows replicated per head, `[N*H, d]`, each with its head's K slots
-and gates, `cvmm(..) -> [N*H, Dh]` (the K-sum inside the call, gates in float32). O: one call
+`h * E + e`); under a data-parallel mesh a GPU or TPU kernel runs on each device's rows
+(`expert_parallel.token_parallel_cvmm`). V: the token rows replicated per head, `[N*H, d]`,
+each with its head's K slots and gates, `cvmm(..) -> [N*H, Dh]` (the K-sum inside the call, gates in float32). O: one call
 sums heads and K (the authors' `sel_index = out_index // K`): the cvmm contract reads either
 one row per token for all its slots or one row per slot, so each head's output is repeated
 K times (`[N, H*K, Dh]`, slot `h*K + j` reads head h) and the gated reduction over all `H*K`
@@ -60,9 +61,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pallas_kernels import backends, cvmm
+from pallas_kernels import backends
 from sparse_jax import validation
 from sparse_jax.layers import initializers
+from sparse_jax.layers.expert_parallel import token_parallel_cvmm
 from sparse_jax.layers.causal_attention import (attend, attend_cached, causal_mask,
                                                 init_kv_cache)
 from sparse_jax.layers.precision import f32_einsum
@@ -167,9 +169,9 @@ class SwitchHeadAttention(nnx.Module):
     b, t, d = v_btd.shape
     h, kk, dtype = self.n_heads, self.k, v_btd.dtype
     rows_nd = jnp.broadcast_to(v_btd[:, :, None, :], (b, t, h, d)).reshape(b * t * h, d)
-    v_nc = cvmm(rows_nd, self._global_ids(sel_bthk).reshape(b * t * h, kk),
-                self.w_v[...].astype(dtype), gates_bthk.reshape(b * t * h, kk).astype(dtype),
-                impl=self.impl)
+    v_nc = token_parallel_cvmm(rows_nd, self._global_ids(sel_bthk).reshape(b * t * h, kk),
+                               self.w_v[...].astype(dtype),
+                               gates_bthk.reshape(b * t * h, kk).astype(dtype), impl=self.impl)
     return v_nc.reshape(b, t, h, self.head_dim)
 
   def project_out(self, out_bthc: jax.Array, gates_bthk: jax.Array, sel_bthk: jax.Array):
@@ -177,9 +179,9 @@ class SwitchHeadAttention(nnx.Module):
     b, t, h, c = out_bthc.shape
     n, hk, dtype = b * t, h * self.k, out_bthc.dtype
     slots_nsc = jnp.repeat(out_bthc.reshape(n, h, c), self.k, axis=1)  # slot h*K+j: head h
-    y_nd = cvmm(slots_nsc, self._global_ids(sel_bthk).reshape(n, hk),
-                self.w_o[...].astype(dtype), gates_bthk.reshape(n, hk).astype(dtype),
-                impl=self.impl)
+    y_nd = token_parallel_cvmm(slots_nsc, self._global_ids(sel_bthk).reshape(n, hk),
+                               self.w_o[...].astype(dtype), gates_bthk.reshape(n, hk).astype(dtype),
+                               impl=self.impl)
     return y_nd.reshape(b, t, self.d_model)
 
   def _aux(self, sel_v_bthk: jax.Array, sel_o_bthk: jax.Array, v_logits_bthe: jax.Array,

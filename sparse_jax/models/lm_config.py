@@ -28,10 +28,13 @@ ATTN_SCALES = ("fixed", "learned")
 BLOCK_NORMS = ("pre", "peri")
 POSITIONS = ("rotary", "sinusoidal")
 
-# Token embedding init: N(0, 1), or Xavier-uniform over `[vocab, d_model]` as the sigma-MoE
-# authors' code (about 65x smaller entries at vocabulary 8000, d_model 412).
+# Token embedding init: N(0, 1); Xavier-uniform over `[vocab, d_model]` as the sigma-MoE
+# authors' code (about 65x smaller entries at vocabulary 8000, d_model 412); or
+# N(0, 1 / d_model), torch's `kaiming_normal_` of MoEUT's code (fan-in d_model).
 EMBED_INITS = {"normal": jax.nn.initializers.normal(1.0),
-               "xavier": jax.nn.initializers.xavier_uniform()}
+               "xavier": jax.nn.initializers.xavier_uniform(),
+               "fan_in": jax.nn.initializers.variance_scaling(1.0, "fan_in", "normal",
+                                                              in_axis=-1, out_axis=-2)}
 
 
 class ModelConfig(schema.Schema, tag="kind", default="lm"):

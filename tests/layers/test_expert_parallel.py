@@ -24,6 +24,7 @@ from jax.sharding import PartitionSpec as P
 
 from sparse_jax import parallel
 from sparse_jax.layers import build_ff, expert_parallel
+from sparse_jax.layers.switchhead_attention import SwitchHeadAttention
 from sparse_jax.models.rngs import make_rngs
 
 D, E, G = 16, 8, 4
@@ -333,5 +334,35 @@ def test_kernels_xla_cannot_partition_run_per_device_unchecked(mesh_shape, monke
   jax.clear_caches()  # Trace again with the patched rule.
   try:
     assert_tree_close(run(layer, x, cotangent, mesh_shape), want)
+  finally:
+    jax.clear_caches()
+
+
+@pytest.mark.parametrize("partitionable", [True, False])
+def test_switchhead_on_a_data_parallel_mesh_equals_one_device(partitionable, monkeypatch):
+  """SwitchHead's expert projections (`token_parallel_cvmm`): as XLA partitions them, or,
+  for a kernel it cannot partition (forced here on CPU), each device on its own rows inside
+  shard_map; values and gradients equal one device's."""
+  layer = SwitchHeadAttention(D, 2, 8, 4, 2, n_layers=2, impl="blocked", rngs=nnx.Rngs(0))
+  graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
+  x, cotangent = (jax.random.normal(k, (8, 6, D)) for k in jax.random.split(jax.random.key(5)))
+
+  @jax.jit
+  def forward_and_grads(params, x):
+    def loss(params, x):
+      y = nnx.merge(graphdef, params, rest)(x)
+      return jnp.sum(y * cotangent), y
+    (_, y), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(params, x)
+    return y, nnx.to_pure_dict(grads[0]), grads[1]
+
+  want = jax.device_get(forward_and_grads(params, x))
+  monkeypatch.setattr(expert_parallel.pallas_kernels, "partitionable",
+                      lambda impl: partitionable)
+  jax.clear_caches()
+  try:
+    mesh = parallel.make_mesh((8, 1, 1))
+    x = jax.device_put(x, parallel.batch_sharding(mesh, x.ndim))
+    with jax.set_mesh(mesh):
+      assert_tree_close(jax.device_get(forward_and_grads(params, x)), want)
   finally:
     jax.clear_caches()

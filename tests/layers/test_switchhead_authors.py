@@ -37,6 +37,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import pallas_kernels
+
 from sparse_jax.layers import rotary
 from sparse_jax.layers import switchhead_attention
 from sparse_jax.layers.switchhead_attention import SwitchHeadAttention, SwitchHeadXLAttention
@@ -184,7 +186,7 @@ def test_float64_wiring_matches_authors(ref, monkeypatch):
   monkeypatch.setattr(rotary, "apply_rotary", _apply_rotary_float64)
   if hasattr(switchhead_attention, "apply_rotary"):  # imported by name there
     monkeypatch.setattr(switchhead_attention, "apply_rotary", _apply_rotary_float64)
-  monkeypatch.setattr(switchhead_attention, "cvmm", _cvmm_float64)
+  monkeypatch.setattr(pallas_kernels, "cvmm", _cvmm_float64)
   with jax.enable_x64(True):
     got = run_ours(ref, "gather", jnp.float64)
   assert_matches(got, ref, 1e-10, "float64")
@@ -233,7 +235,7 @@ def test_xl_float64_wiring_matches_authors(ref_xl, monkeypatch):
   """As `test_float64_wiring_matches_authors`, with cvmm and the sinusoid in float64: checks
   the relative positions (offset sign and origin, sin/cos layout, scale), the memory rows
   through K, the V router and the V experts, and the mask, to float64 rounding."""
-  monkeypatch.setattr(switchhead_attention, "cvmm", _cvmm_float64)
+  monkeypatch.setattr(pallas_kernels, "cvmm", _cvmm_float64)
   monkeypatch.setattr(switchhead_attention, "sinusoid_embedding", _sinusoid_embedding_float64)
   with jax.enable_x64(True):
     got = run_ours(ref_xl, "gather", jnp.float64, xl=True)

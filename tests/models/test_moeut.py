@@ -14,7 +14,7 @@ from configs import default, moeut_paper
 from sparse_jax.layers.moe import SigmaMoE
 from sparse_jax.models.accounting import model_report
 from sparse_jax.models.lm import TransformerLM
-from sparse_jax.models.lm_config import validate_model_config
+from sparse_jax.models.lm_config import EMBED_INITS, validate_model_config
 from sparse_jax.models.moeut_regularizer import negative_sequence_entropy
 
 H, E, K = 2, 4, 2
@@ -165,3 +165,11 @@ def test_paper_configs_have_the_authors_parameter_counts(size):
   for variant in ("moeut", "dense"):
     assert abs(counts[variant] / AUTHORS[size, variant] - 1) < 0.01, (variant, counts)
   assert abs(counts["sigma_moe"] / counts["moeut"] - 1) < 0.01, counts
+
+
+def test_paper_configs_take_the_authors_embedding_init_and_epsilon():
+  """Their `kaiming_normal_` (fan-in d_model: std 1/sqrt(d)) and torch's LayerNorm epsilon."""
+  model = validate_model_config(moeut_paper.get_config("44m,moeut").model)
+  assert model.layer_norm_eps == 1e-5
+  table = EMBED_INITS[model.embed_init](jax.random.key(0), (8000, 412))
+  assert float(jnp.std(table)) == pytest.approx(1 / np.sqrt(412), rel=0.02)

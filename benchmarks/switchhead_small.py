@@ -1,0 +1,201 @@
+"""The SwitchHead paper's comparison at small scale on a CPU: dense attention with many heads,
+SwitchHead, and dense with SwitchHead's head count, at equal parameters, over seeds.
+
+    python -m benchmarks.switchhead_small --seeds=0,1 --workdir=runs/switchhead_small \
+        --out=benchmarks/switchhead_small.json [--steps=N] [--variants=dense,switchhead]
+
+Trains every variant of each comparison in `COMPARISONS` (`configs/switchhead_small.py`'s
+`dense`, `switchhead`, `dense_few`; `configs/moeut_small.py`'s `moeut_dense`, `moeut`) once
+per seed on `builtin`. Each run lives in
+`WORKDIR/<comparison>/<variant>/seed<N>` and leaves its result there as `result.json`: a
+finished run is read back, not redone, and an interrupted one (SIGTERM: `RunInterrupted`)
+resumes from its checkpoint when the command is run again (its `wall_s` then covers the last
+invocation, which started after `resumed_after_step`). Prints one Markdown table: per variant
+the validation bits per byte (the run's final evaluation) as mean +- sd over the seeds, the
+paired difference to its comparison's baseline (its first variant, in % of it), parameters,
+one attention layer's parameters, MACs and activation memory as the SwitchHead paper counts
+them (`models.accounting.attention_report`), the median training step time (from the logged
+tokens per second of the run's `metrics.jsonl`, i.e. the median logging window; the first
+window includes compilation) and each run's wall time. Writes every run and the summary as
+JSON.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+from benchmarks.machine import machine_info, write_result
+from configs import moeut_small, switchhead_small
+from sparse_jax.models.accounting import attention_report, model_report
+from sparse_jax.models.lm_config import head_dim_of, validate_model_config
+from sparse_jax.tasks.runs import train_to_completion
+
+# comparison: (get_config(variant) of its config file, its variants; the first is the baseline
+# the others are compared to). Adding a comparison (e.g. MoEUT vs dense) is one entry here;
+# variant names are unique across comparisons.
+COMPARISONS = {
+    "switchhead": (switchhead_small.get_config, switchhead_small.VARIANTS),
+    "moeut": (moeut_small.get_config, moeut_small.VARIANTS),
+}
+RESULT_FILE = "result.json"
+
+
+def comparison_of(variant: str) -> str:
+  return next(name for name, (_, variants) in COMPARISONS.items() if variant in variants)
+
+
+def all_variants() -> tuple[str, ...]:
+  return tuple(v for _, variants in COMPARISONS.values() for v in variants)
+
+
+def variant_config(variant: str):
+  get_config, _ = COMPARISONS[comparison_of(variant)]
+  return get_config(variant)
+
+
+def step_seconds(workdir: str, tokens_per_step: int) -> float:
+  """Median training step time from the run's logged tokens per second."""
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rates = sorted(r["tokens_per_second"] for r in map(json.loads, f) if r["split"] == "train")
+  return tokens_per_step / rates[len(rates) // 2]
+
+
+def logged_steps(workdir: str) -> int:
+  """The last training step an earlier, interrupted invocation logged (0 for a fresh run)."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return 0
+  with open(path) as f:
+    return max((r["step"] for r in map(json.loads, f) if r["split"] == "train"), default=0)
+
+
+def shape(config) -> dict:
+  """The variant's attention and FF shape, for the table."""
+  m = validate_model_config(config.model)
+  return {"attention": m.attention, "n_heads": m.n_heads, "head_dim": head_dim_of(m),
+          "attention_experts": m.attention_experts, "attention_k": m.attention_k,
+          "d_model": m.d_model, "d_ff": config.model.ff.get("d_ff")}
+
+
+def run(variant: str, seed: int, steps: int | None, root: str) -> dict:
+  """One training run, or its saved result when it has finished before."""
+  comparison = comparison_of(variant)
+  workdir = os.path.join(root, comparison, variant, f"seed{seed}")
+  result_path = os.path.join(workdir, RESULT_FILE)
+  if os.path.exists(result_path):
+    with open(result_path) as f:
+      return json.load(f)
+  config = variant_config(variant)
+  config.seed = seed
+  if steps is not None:
+    config.train.update(steps=steps, eval_every=min(config.train.eval_every, steps),
+                        ckpt_every=min(config.train.ckpt_every, steps),
+                        log_every=min(config.train.log_every, steps))
+  resumed_from = logged_steps(workdir)
+  started = time.perf_counter()
+  final = train_to_completion(config, workdir)
+  wall_s = time.perf_counter() - started
+  attention = attention_report(config.model, config.data.seq_len)
+  result = {"comparison": comparison, "variant": variant, "seed": seed,
+            "steps": config.train.steps, "shape": shape(config),
+            "valid_bits_per_byte": final["bits_per_byte"], "valid_loss": final["loss"],
+            "params": model_report(config.model)["total_params"], **attention,
+            "step_ms": 1000 * step_seconds(workdir, config.data.batch_size
+                                           * config.data.seq_len),
+            "wall_s": wall_s, "resumed_after_step": resumed_from}
+  with open(result_path, "w") as f:
+    json.dump(result, f, indent=2)
+  return result
+
+
+def _mean_sd(values: list[float]) -> tuple[float, float | None]:
+  return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def summarise(runs: list[dict]) -> list[dict]:
+  """Per variant (in the order of the runs): bits per byte mean and sd over seeds, the
+  difference to its comparison's baseline of the same seed in % of it (mean and sd; the
+  baseline itself: none), its sizes and costs, the median of its runs' step times, and each
+  run's wall time."""
+  by_key = {(r["variant"], r["seed"]): r for r in runs}
+  rows = []
+  for variant in dict.fromkeys(r["variant"] for r in runs):
+    seeds = sorted(s for v, s in by_key if v == variant)
+    mine = [by_key[variant, s] for s in seeds]
+    mean, sd = _mean_sd([r["valid_bits_per_byte"] for r in mine])
+    baseline = COMPARISONS[comparison_of(variant)][1][0]
+    row = {"comparison": mine[0]["comparison"], "variant": variant, "baseline": baseline,
+           "seeds": seeds, "shape": mine[0]["shape"], "bpb_mean": mean, "bpb_sd": sd,
+           "diff_percent_mean": None, "diff_percent_sd": None, "params": mine[0]["params"],
+           **{key: mine[0][key] for key in ("attention_params_per_layer",
+                                            "attention_macs_per_layer",
+                                            "attention_memory_floats_per_layer")},
+           "step_ms_median": statistics.median(r["step_ms"] for r in mine),
+           "wall_s": [r["wall_s"] for r in mine]}
+    paired = [s for s in seeds if (baseline, s) in by_key]
+    if variant != baseline and paired:
+      diffs = [100 * (by_key[variant, s]["valid_bits_per_byte"]
+                      / by_key[baseline, s]["valid_bits_per_byte"] - 1) for s in paired]
+      row["diff_percent_mean"], row["diff_percent_sd"] = _mean_sd(diffs)
+    rows.append(row)
+  return rows
+
+
+def _shape_text(s: dict) -> str:
+  experts = (f", E {s['attention_experts']} K {s['attention_k']}"
+             if s["attention_experts"] else "")
+  ff = "" if s["d_ff"] is None else f", d_ff {s['d_ff']}"
+  return f"{s['n_heads']} x {s['head_dim']}{experts}{ff}"
+
+
+def format_table(rows: list[dict]) -> str:
+  lines = ["| variant | heads x Dh | seeds | valid bpb (mean +- sd) | vs baseline, % | params | "
+           "attn params / layer | attn MACs / layer | attn memory / layer (floats) | "
+           "step ms (median) | wall s per run |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  pm = lambda mean, sd, fmt: "-" if mean is None else (
+      f"{mean:{fmt}}" + ("" if sd is None else f" +- {sd:{fmt.lstrip('+')}}"))
+  for r in rows:
+    lines.append(
+        f"| {r['variant']} | {_shape_text(r['shape'])} | {len(r['seeds'])} | "
+        f"{pm(r['bpb_mean'], r['bpb_sd'], '.4f')} | "
+        f"{pm(r['diff_percent_mean'], r['diff_percent_sd'], '+.2f')} | {r['params']:,} | "
+        f"{r['attention_params_per_layer']:,} | "
+        f"{r['attention_macs_per_layer'] / 1e6:.1f}M | "
+        f"{r['attention_memory_floats_per_layer'] / 1e6:.2f}M | "
+        f"{r['step_ms_median']:.0f} | {', '.join(f'{w:.0f}' for w in r['wall_s'])} |")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> dict:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--variants", default=",".join(all_variants()),
+                      help=f"comma-separated, of {all_variants()} (default: all)")
+  parser.add_argument("--seeds", default="0,1", help="comma-separated seeds")
+  parser.add_argument("--steps", type=int, default=None, help="default: the config's")
+  parser.add_argument("--workdir", default="runs/switchhead_small",
+                      help="where runs go; a finished run found there is not redone")
+  parser.add_argument("--out", default="benchmarks/switchhead_small.json", help="JSON path")
+  args = parser.parse_args(argv)
+  variants = [v for v in args.variants.split(",") if v]
+  if not variants or set(variants) - set(all_variants()):
+    raise SystemExit(f"--variants must be a comma-separated subset of {list(all_variants())}; "
+                     f"got {args.variants!r}")
+  seeds = [int(s) for s in args.seeds.split(",") if s]
+  machine = machine_info()
+  runs = []
+  for seed in seeds:
+    for variant in variants:
+      print(f"switchhead_small {variant} seed {seed}", flush=True)
+      runs.append(run(variant, seed, args.steps, args.workdir))
+  rows = summarise(runs)
+  print(format_table(rows))
+  result = {"machine": machine, "args": vars(args), "summary": rows, "runs": runs}
+  write_result(result, args.out)
+  return result
+
+
+if __name__ == "__main__":
+  main()
