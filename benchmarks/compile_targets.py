@@ -17,10 +17,11 @@ it comes.
   TPU v5e) and, for contrast, `ragged`: compiled or the error, XLA's temporary memory, and
   for Triton and Mosaic GPU kernels ptxas's registers, spills and occupancy
   (`aot.kernel_resources`).
-- configs: the training step of each paper config (`sigma_moe_paper`, `dense_paper`, the
-  main `moe_variants` rows, `scaling_small`, `terraformer_arxiv:paper`, SPARTAN on a
-  RoBERTa-base architecture, SwitchHead's WT-103 models and MoEUT's 44M and 244M) on one device of each target: peak memory per device, fits or
-  not; with `--bisect`, the largest batch (the config's times a power of two) that fits.
+- configs: the training step of each paper config (`sigma_moe_paper`, `dense_paper`, the main
+  `moe_variants` rows, `scaling_small`, `terraformer_arxiv:paper`, SPARTAN on a RoBERTa-base
+  architecture, SwitchHead's WT-103 models and MoEUT's 44M and 244M) on one device of each
+  target: peak memory per device, fits or not; with `--bisect`, the largest batch (the config's
+  times a power of two) that fits.
 """
 
 import argparse

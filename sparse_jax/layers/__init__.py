@@ -20,7 +20,8 @@ from sparse_jax.layers.topk_ff import TopKFF
 from sparse_jax.layers.xl_attention import RelativeMultiHeadAttention
 
 __all__ = ["BottleneckAdapter", "CausalSelfAttention", "DenseFF", "FeedForward",
-           "FixedBasePositions", "LSHSelfAttention", "LowRankSRU", "MoE", "MultiplicativeDense", "PKM",
+           "FixedBasePositions", "LSHSelfAttention", "LowRankSRU", "MoE", "MultiplicativeDense",
+           "PKM",
            "RelativeMultiHeadAttention", "SigmaMoE", "SparseFF", "SparseQKVAttention",
            "SpartanMemory", "SwitchHeadAttention", "SwitchHeadXLAttention",
            "TopKFF", "build_ff", "count_params", "ff_kinds", "register_ff"]

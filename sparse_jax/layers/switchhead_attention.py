@@ -44,7 +44,8 @@ Positions: `"rope"` (rotary on the first `rope_fraction * Dh` channels of q and 
 Expert projections run on `pallas_kernels.cvmm` over the `H * E` experts (expert id
 `h * E + e`); under a data-parallel mesh a GPU or TPU kernel runs on each device's rows
 (`expert_parallel.token_parallel_cvmm`). V: the token rows replicated per head, `[N*H, d]`,
-each with its head's K slots and gates, `cvmm(..) -> [N*H, Dh]` (the K-sum inside the call, gates in float32). O: one call
+each with its head's K slots and gates, `cvmm(..) -> [N*H, Dh]` (the K-sum inside the call,
+gates in float32). O: one call
 sums heads and K (the authors' `sel_index = out_index // K`): the cvmm contract reads either
 one row per token for all its slots or one row per slot, so each head's output is repeated
 K times (`[N, H*K, Dh]`, slot `h*K + j` reads head h) and the gated reduction over all `H*K`

@@ -204,11 +204,11 @@ def _layer(layer: nnx.Module | None, tokens: int, wrt) -> list[Matmuls]:
 
 def _self_attention(attn: nnx.Module, d_model: int, batch: int, t: int, wrt,
                     mem_rows: int = 0) -> list[Matmuls]:
-  """One self-attention layer on `batch` sequences of `t` tokens: its projections, then
-  `2 H Dh` multiply-adds per (query, key) pair the mask lets through (XL and SwitchHead XL:
-  `3 H Dh`, the position scores too). Pairs: causal `t (t + 1) / 2` plus `t mem_rows` over the XL memory
-  (`mem_rows` valid rows, which also take the K and V projections); bidirectional `t^2`
-  (padding keys included); LSH `t N W` (`N` hashes, window `W`), plus the hashing.
+  """One self-attention layer on `batch` sequences of `t` tokens: its projections, then `2 H Dh`
+  multiply-adds per (query, key) pair the mask lets through (XL and SwitchHead XL: `3 H Dh`,
+  the position scores too). Pairs: causal `t (t + 1) / 2` plus `t mem_rows` over the XL
+  memory (`mem_rows` valid rows, which also take the K and V projections); bidirectional
+  `t^2` (padding keys included); LSH `t N W` (`N` hashes, window `W`), plus the hashing.
   """
   trains, hd = _trains(attn, wrt), attn.n_heads * attn.head_dim
   products, projections = 2, [Matmuls(batch * t * 4 * d_model * hd, trains)]

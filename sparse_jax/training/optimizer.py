@@ -5,10 +5,11 @@ or Adafactor as Trax configures it for Terraformer (`scientific_papers_terraform
 momentum, decay rate 0.9, update clipping 1.0, factored second moments, updates scaled by the
 parameters' RMS).
 
-Schedules, after a linear warmup to `lr` over `warmup_steps`: cosine decay to zero
-(sigma-MoE App. B), or to `end_lr_fraction * lr` (MoEUT: 0.1); linear decay to zero (the Hugging Face Trainer's default, which the
-SPARTAN reference runs); or "rsqrt", Trax's `constant * linear_warmup * rsqrt_decay`:
-`lr * sqrt(warmup_steps / max(t, warmup_steps))`, which never reaches zero.
+Schedules, after a linear warmup to `lr` over `warmup_steps`: cosine decay to zero (sigma-MoE
+App. B), or to `end_lr_fraction * lr` (MoEUT: 0.1); linear decay to zero (the Hugging Face
+Trainer's default, which the SPARTAN reference runs); or "rsqrt", Trax's `constant *
+linear_warmup * rsqrt_decay`: `lr * sqrt(warmup_steps / max(t, warmup_steps))`, which never
+reaches zero.
 
 Weight decay (`weight_decay` r) with Adam and Adafactor is Trax's rule: after the update,
 every weight is multiplied by `1 - r` each step, whatever the learning rate

@@ -90,8 +90,9 @@ def test_routing_health_reports_the_worst_head():
   share_he = np.array([[0.5, 0.5, 0.5, 0.5], [2.0, 0.0, 0.0, 0.0]])  # head 1 collapsed, K = 2
   stats = routing_health.layer_stats(share_he)
   assert stats == {"usage_entropy": 0.0, "dead_fraction": 0.75, "top_share": 2.0}
-  assert routing_health.top_share_limit(share_he) == max(routing_health.TOP_SHARE_LIMIT,
-                                                         routing_health.TOP_SHARE_OVER_UNIFORM * 0.5)
+  uniform = 0.5  # K / E
+  assert routing_health.top_share_limit(share_he) == max(
+      routing_health.TOP_SHARE_LIMIT, routing_health.TOP_SHARE_OVER_UNIFORM * uniform)
   health = routing_health.RoutingHealth(warn=False)
   logged = health(10, {"routing/layer3/attn_o/token_share": share_he})
   assert logged["routing/layer3/attn_o/dead_fraction"] == 0.75
