@@ -37,7 +37,8 @@ def test_token_share_is_each_experts_fraction_of_tokens(kind, fields):
   want_e = np.array([np.sum((sel_nk == e) & active_nk) for e in range(E)]) / 24
   np.testing.assert_allclose(aux["token_share"], want_e, rtol=1e-6)
   assert aux["token_share"].dtype == jnp.float32
-  stats = {"switch": {"dropped_fraction"}, "sbase": {"rerouted_fraction"}}.get(kind, set())
+  stats = {"switch": {"dropped_fraction"}, "sbase": {"rerouted_fraction"},
+           "sigma_moe": {"router_logits"}}.get(kind, set())  # sigma's: MoEUT's regulariser
   assert set(aux) - {"reg_loss", "expert_usage", "token_share"} == stats
 
 
