@@ -27,6 +27,7 @@ import statistics
 import time
 
 from benchmarks.machine import machine_info, write_result
+from benchmarks.quality_small import logged_steps, step_seconds
 from configs import moeut_small, switchhead_small
 from sparse_jax.models.accounting import attention_report, model_report
 from sparse_jax.models.lm_config import head_dim_of, validate_model_config
@@ -53,22 +54,6 @@ def all_variants() -> tuple[str, ...]:
 def variant_config(variant: str):
   get_config, _ = COMPARISONS[comparison_of(variant)]
   return get_config(variant)
-
-
-def step_seconds(workdir: str, tokens_per_step: int) -> float:
-  """Median training step time from the run's logged tokens per second."""
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    rates = sorted(r["tokens_per_second"] for r in map(json.loads, f) if r["split"] == "train")
-  return tokens_per_step / rates[len(rates) // 2]
-
-
-def logged_steps(workdir: str) -> int:
-  """The last training step an earlier, interrupted invocation logged (0 for a fresh run)."""
-  path = os.path.join(workdir, "metrics.jsonl")
-  if not os.path.exists(path):
-    return 0
-  with open(path) as f:
-    return max((r["step"] for r in map(json.loads, f) if r["split"] == "train"), default=0)
 
 
 def shape(config) -> dict:

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from float64_helpers import apply_rotary_float64, cvmm_float64
 
 import pallas_kernels
 
@@ -159,34 +160,13 @@ def test_float32_matches_authors(ref, impl):
   assert_matches(run_ours(ref, impl, jnp.float32), ref, 1e-5, impl)
 
 
-def _apply_rotary_float64(x_bthc, positions_t, base=10000.0):
-  """`rotary.apply_rotary` without its float32 casts (same formula)."""
-  dim = x_bthc.shape[-1]
-  inv_freq = base ** (-jnp.arange(0, dim, 2, dtype=x_bthc.dtype) / dim)
-  angles = positions_t.astype(x_bthc.dtype)[:, None] * inv_freq[None, :]
-  angles = jnp.concatenate([angles, angles], axis=-1)
-  return x_bthc * jnp.cos(angles)[:, None, :] + rotary.rotate_half(x_bthc) * jnp.sin(angles)[
-      :, None, :]
-
-
-def _cvmm_float64(x, sel, w, gates=None, *, impl):
-  """The cvmm contract (`pallas_kernels.cvmm`) by gather, in the input dtype."""
-  del impl
-  w_nkml = jnp.take(w, sel, axis=0)
-  spec = "nm,nkml->nkl" if x.ndim == 2 else "nkm,nkml->nkl"
-  y_nkl = jnp.einsum(spec, x, w_nkml, precision="highest")
-  return y_nkl if gates is None else jnp.einsum("nk,nkl->nl", gates, y_nkl, precision="highest")
-
-
 def test_float64_wiring_matches_authors(ref, monkeypatch):
   """float64 with the two float32 helpers swapped for float64 ones (module docstring): equal
   to their float64 run up to float64 rounding (2^-53 ~ 1e-16, times the same ~100-term sums
   and the softmax and sigmoid: observed below 1e-15 of each array's scale). 1e-10 leaves room
   for other summation orders and still catches any difference in the computation."""
-  monkeypatch.setattr(rotary, "apply_rotary", _apply_rotary_float64)
-  if hasattr(switchhead_attention, "apply_rotary"):  # imported by name there
-    monkeypatch.setattr(switchhead_attention, "apply_rotary", _apply_rotary_float64)
-  monkeypatch.setattr(pallas_kernels, "cvmm", _cvmm_float64)
+  monkeypatch.setattr(rotary, "apply_rotary", apply_rotary_float64)
+  monkeypatch.setattr(pallas_kernels, "cvmm", cvmm_float64)
   with jax.enable_x64(True):
     got = run_ours(ref, "gather", jnp.float64)
   assert_matches(got, ref, 1e-10, "float64")
@@ -235,7 +215,7 @@ def test_xl_float64_wiring_matches_authors(ref_xl, monkeypatch):
   """As `test_float64_wiring_matches_authors`, with cvmm and the sinusoid in float64: checks
   the relative positions (offset sign and origin, sin/cos layout, scale), the memory rows
   through K, the V router and the V experts, and the mask, to float64 rounding."""
-  monkeypatch.setattr(pallas_kernels, "cvmm", _cvmm_float64)
+  monkeypatch.setattr(pallas_kernels, "cvmm", cvmm_float64)
   monkeypatch.setattr(switchhead_attention, "sinusoid_embedding", _sinusoid_embedding_float64)
   with jax.enable_x64(True):
     got = run_ours(ref_xl, "gather", jnp.float64, xl=True)

@@ -72,10 +72,11 @@ import ml_collections
 import numpy as np
 import pytest
 from flax import nnx
+from float64_helpers import apply_rotary_float64, cvmm_float64
 
 import pallas_kernels
 from configs import default
-from sparse_jax.layers import rotary, switchhead_attention
+from sparse_jax.layers import rotary
 from sparse_jax.models import moeut_regularizer as moeut_reg
 from sparse_jax.models.lm import TransformerLM
 
@@ -329,31 +330,12 @@ def test_float32_matches_authors(ref, impl):
   assert_within(compare(got, ref), 2e-5, impl)
 
 
-def _apply_rotary_float64(x_bthc, positions_t, base=10000.0):
-  """`rotary.apply_rotary` without its float32 casts (same formula)."""
-  dim = x_bthc.shape[-1]
-  inv_freq = base ** (-jnp.arange(0, dim, 2, dtype=x_bthc.dtype) / dim)
-  angles = positions_t.astype(x_bthc.dtype)[:, None] * inv_freq[None, :]
-  angles = jnp.concatenate([angles, angles], axis=-1)
-  return x_bthc * jnp.cos(angles)[:, None, :] + rotary.rotate_half(x_bthc) * jnp.sin(angles)[
-      :, None, :]
-
-
-def _cvmm_float64(x, sel, w, gates=None, *, impl):
-  """The cvmm contract (`pallas_kernels.cvmm`) by gather, in the input dtype."""
-  del impl
-  w_nkml = jnp.take(w, sel, axis=0)
-  spec = "nm,nkml->nkl" if x.ndim == 2 else "nkm,nkml->nkl"
-  y_nkl = jnp.einsum(spec, x, w_nkml, precision="highest")
-  return y_nkl if gates is None else jnp.einsum("nk,nkl->nl", gates, y_nkl, precision="highest")
-
-
 def _expert_mlp_float64(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, *, impl,
                         dropout_rate=0.0, dropout_key=None, activation=jax.nn.relu):
   """`pallas_kernels.expert_mlp` (no dropout) by gather, in the input dtype."""
   assert dropout_key is None or dropout_rate == 0
-  hidden_nkg = activation(_cvmm_float64(x_nd, sel_nk, w_up_edg, impl=impl))
-  return _cvmm_float64(hidden_nkg, sel_nk, w_down_egd, gates_nk, impl=impl)
+  hidden_nkg = activation(cvmm_float64(x_nd, sel_nk, w_up_edg, impl=impl))
+  return cvmm_float64(hidden_nkg, sel_nk, w_down_egd, gates_nk, impl=impl)
 
 
 def _negative_sequence_entropy_float64(logits_per_repeat):
@@ -370,10 +352,8 @@ def test_float64_wiring_matches_authors(ref, monkeypatch):
   sigmoids: observed 4.2e-15 of an array's scale at most). 1e-10 leaves room for other
   summation orders and still catches any difference in the computation: our default
   LayerNorm epsilon (1e-6 instead of their 1e-5) alone moves the arrays by up to 6.7e-5."""
-  monkeypatch.setattr(rotary, "apply_rotary", _apply_rotary_float64)
-  if hasattr(switchhead_attention, "apply_rotary"):  # imported by name there
-    monkeypatch.setattr(switchhead_attention, "apply_rotary", _apply_rotary_float64)
-  monkeypatch.setattr(pallas_kernels, "cvmm", _cvmm_float64)
+  monkeypatch.setattr(rotary, "apply_rotary", apply_rotary_float64)
+  monkeypatch.setattr(pallas_kernels, "cvmm", cvmm_float64)
   monkeypatch.setattr(pallas_kernels, "expert_mlp", _expert_mlp_float64)
   monkeypatch.setattr(moeut_reg, "negative_sequence_entropy",
                       _negative_sequence_entropy_float64)
