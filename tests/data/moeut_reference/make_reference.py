@@ -66,18 +66,22 @@ The same weights run through their code in plain float32 (Triton kernels emulate
 else changed) to report how far float32 rounding moves their own result (printed and saved).
 """
 
-import argparse
 import contextlib
-import hashlib
 import math
 import os
-import subprocess
 import sys
-import types
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# Run as a script: the emulation of their CVMM kernels and the torch patches it shares with
+# switchhead_reference/make_reference.py are in tests/data/authors_torch.py, one folder up.
+sys.path.insert(0, os.path.dirname(HERE))
+# pylint: disable=wrong-import-position
+from authors_torch import (arg_parser, assert_same_backward, cpu_cvmm, default_dtype,
+                           float_keeps_float64, import_authors, load_params, max_rel, patched)
+# pylint: enable=wrong-import-position
+
 OUT = os.path.join(HERE, "outputs.npz")
 
 D_MODEL, N_LAYERS, GROUPS = 24, 4, 2
@@ -113,114 +117,11 @@ def param_std(name: str) -> tuple[float, float]:
   raise KeyError(name)
 
 
-# --- CPU stand-ins for their Triton kernels ------------------------------------------------
-
-def cvmm_triton_cpu(x, sel_index, sel, keys, out_dtype, out_index):
-  """`cvmm_kernel`: for every sorted slot m, row `out_index[m]` (or `sel_index[m]` when
-  out_index is the -1 sentinel) of the [M, N] result is `x[sel_index[m]] @ keys[sel[m]]`."""
-  import torch  # pylint: disable=import-outside-toplevel
-  x = x.flatten(end_dim=-2)
-  sel_shape = sel.shape
-  sel = sel.flatten()
-  rows_out = sel_index if (out_index.numel() == 1 and out_index == -1) else out_index
-  prod = torch.einsum("mk,mkn->mn", x[sel_index].to(out_dtype), keys[sel].to(out_dtype))
-  out = torch.zeros((sel.shape[0], keys.shape[2]), dtype=out_dtype)
-  out[rows_out] = prod
-  return out.view(*sel_shape, keys.shape[2])
-
-
-def cvmm_triton_backward_cpu(x, sel_index, sel, grads, n_experts, key_dtype, op_dtype,
-                             out_index):
-  """`cvmm_backward_kernel3`: `out[e] = sum_{m: sel[m] = e} x[sel_index[m]]^T
-  grads[out_index[m]]` (out_index -1: `grads[sel_index[m]]`), `[n_experts, M, N]`."""
-  import torch  # pylint: disable=import-outside-toplevel
-  x = x.flatten(end_dim=-2)
-  grads = grads.flatten(end_dim=-2)
-  sel = sel.flatten()
-  b_index = sel_index if (out_index.numel() == 1 and out_index == -1) else out_index
-  outer = torch.einsum("im,in->imn", x[sel_index].to(op_dtype), grads[b_index].to(op_dtype))
-  out = torch.zeros((n_experts, x.shape[1], grads.shape[1]), dtype=key_dtype)
-  out.index_add_(0, sel.long(), outer.to(key_dtype))
-  return out
-
-
-def cvmm_autograd_cpu(x, sel, keys):
-  """Their `cvmm(x, sel, keys)` (a `CVMMSel`) as plain autograd: sorted slot m reads row
-  `sel_index[m]` of x and expert `sel[m]` and lands in row `out_index[m]` (None: row
-  `sel_index[m]`); with a reduction weight the slots of a row are summed with it."""
-  import torch  # pylint: disable=import-outside-toplevel
-  x_rows = x.flatten(end_dim=-2)
-  n_slots = sel.sel.numel()
-  prod = torch.einsum("sk,skn->sn", x_rows[sel.sel_index], keys[sel.sel.flatten()])
-  rows_out = sel.sel_index if sel.out_index is None else sel.out_index
-  res = torch.zeros((n_slots, keys.shape[2]), dtype=prod.dtype).index_copy(
-      0, rows_out.long(), prod)
-  res = res.view(*sel.raw_sel.shape, keys.shape[2])
-  if sel.reduction_weight is None:
-    return res
-  res = res.view(*sel.reduction_weight.shape, keys.shape[2])
-  return (sel.reduction_weight.unsqueeze(-2).type_as(res) @ res).squeeze(-2)
-
-
-@contextlib.contextmanager
-def patched(obj, name, value):
-  old = getattr(obj, name)
-  setattr(obj, name, value)
-  try:
-    yield
-  finally:
-    setattr(obj, name, old)
-
-
-@contextlib.contextmanager
-def cpu_cvmm(cvmm_module, moeut_module, dtype, autograd: bool):
-  """Their cvmm on the CPU in `dtype`: emulated kernels under their `CVMM` function, or
-  (`autograd`) their `cvmm` replaced by `cvmm_autograd_cpu`."""
-  import torch  # pylint: disable=import-outside-toplevel
-  with contextlib.ExitStack() as stack:
-    stack.enter_context(patched(cvmm_module, "get_dtype", lambda: dtype))
-    stack.enter_context(patched(cvmm_module, "cvmm_triton_call", cvmm_triton_cpu))
-    stack.enter_context(patched(cvmm_module, "cvmm_triton_backward", cvmm_triton_backward_cpu))
-    stack.enter_context(patched(torch.Tensor, "cuda", lambda self, *a, **k: self))
-    stack.enter_context(patched(torch.cuda, "get_device_properties",
-                                lambda *a, **k: types.SimpleNamespace(major=8)))
-    if autograd:
-      stack.enter_context(patched(moeut_module, "cvmm", cvmm_autograd_cpu))
-    yield
-
-
-@contextlib.contextmanager
-def float_keeps_float64():
-  """`Tensor.float()` leaves float64 tensors as they are (their router logits, line 204)."""
-  import torch  # pylint: disable=import-outside-toplevel
-  original = torch.Tensor.float
-
-  def float_(self, *args, **kwargs):
-    return self if self.dtype == torch.float64 else original(self, *args, **kwargs)
-
-  with patched(torch.Tensor, "float", float_):
-    yield
-
-
 # --- the run -------------------------------------------------------------------------------
-
-def authors_commit(src: str, given: str | None) -> str:
-  if given:
-    return given
-  try:
-    return subprocess.run(["git", "-C", src, "rev-parse", "HEAD"], check=True,
-                          capture_output=True, text=True).stdout.strip()
-  except (OSError, subprocess.CalledProcessError):
-    sys.exit("--authors_src is not a git work tree: pass --authors_commit (the commit it was "
-             "extracted from, e.g. `git --git-dir=<moeut.git> rev-parse HEAD`)")
-
 
 def build(moeut_module, dtype, lm: bool):
   """Their `MoEUT` (or `MoEUTLM`) at the sizes above, in `dtype`."""
-  import torch  # pylint: disable=import-outside-toplevel
-  old_default = torch.get_default_dtype()
-  torch.set_default_dtype(dtype)  # the scale buffers (torch.full) are created in it
-  try:
+  with default_dtype(dtype):  # the scale buffers (torch.full) are created in it
     if lm:
       model = moeut_module.MoEUTLM(
           VOCAB, D_MODEL, N_LAYERS, N_HEADS, FF_E, ATT_E, d_head=HEAD_DIM, group_size=GROUPS,
@@ -231,8 +132,6 @@ def build(moeut_module, dtype, lm: bool):
           D_MODEL, N_LAYERS, N_HEADS, FF_SIZE, FF_E, ATT_E, d_head=HEAD_DIM, att_k=ATT_K,
           ff_k=FF_K, ff_expert_dropout=0.0, att_expert_dropout=0.0, dropout=0.0,
           group_size=GROUPS)
-  finally:
-    torch.set_default_dtype(old_default)
   return model.to(dtype)
 
 
@@ -299,11 +198,7 @@ def run(modules, params, inputs, r, dtype, *, exact64: bool, lm: bool,
       pe = layer.attention.pe
       n = layer.attention.n_rotate
       pe.inv_freq = 1.0 / (ROPE_BASE ** (torch.arange(0, n, 2, dtype=dtype) / n))
-  named = dict(model.named_parameters())
-  assert set(named) == set(params), sorted(set(named) ^ set(params))
-  with torch.no_grad():
-    for name, value in params.items():
-      named[name].copy_(torch.as_tensor(value, dtype=dtype))
+  named = load_params(model, params, dtype)
   model.train()
   records = {}
   rt = torch.as_tensor(r, dtype=dtype)
@@ -361,10 +256,6 @@ def topk_margin(got: dict) -> float:
   return float(min(margins))
 
 
-def max_rel(a: np.ndarray, b: np.ndarray) -> float:
-  return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))
-
-
 def draw_all(seed: int, shapes: dict, lm_shapes: dict):
   rng = np.random.default_rng(seed)
   params = draw(rng, shapes)
@@ -379,27 +270,15 @@ def draw_all(seed: int, shapes: dict, lm_shapes: dict):
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--authors_src", required=True,
-                      help="a checkout of RobertCsordas/moeut (holds moeut/)")
-  parser.add_argument("--authors_commit", default=None,
-                      help="its commit (default: `git rev-parse HEAD` in --authors_src)")
+  parser = arg_parser(__doc__.splitlines()[0], "moeut")
   parser.add_argument("--out", default=OUT)
   args = parser.parse_args()
 
   import torch  # pylint: disable=import-outside-toplevel
-  src = os.path.abspath(args.authors_src)
-  sys.path.insert(0, src)
-  import moeut  # pylint: disable=import-outside-toplevel
-  from moeut import cvmm as cvmm_module  # pylint: disable=import-outside-toplevel
-  from moeut import moeut as moeut_module  # pylint: disable=import-outside-toplevel
-  assert os.path.dirname(os.path.abspath(moeut.__file__)) == os.path.join(src, "moeut")
-  commit = authors_commit(src, args.authors_commit)
-  sources = {}
-  for name in ("moeut.py", "cvmm.py"):
-    with open(os.path.join(src, "moeut", name), "rb") as f:
-      sources[name] = hashlib.sha256(f.read()).hexdigest()
-  modules = (moeut, cvmm_module, moeut_module)
+  # (their package, moeut/cvmm.py, moeut/moeut.py)
+  modules, commit, sources = import_authors(args.authors_src, args.authors_commit, "moeut",
+                                            "moeut")
+  moeut_module = modules[2]
   f64 = torch.float64
 
   shapes, lm_shapes = param_shapes(moeut_module, False), param_shapes(moeut_module, True)
@@ -421,9 +300,7 @@ def main() -> None:
     check, _ = run(modules, p, inp, rr, f64, exact64=True, lm=lm, autograd_cvmm=True)
     as_is32, _ = run(modules, p, inp, rr, torch.float32, exact64=False, lm=lm)
     assert set(check) == set(ref) == set(as_is32)
-    for name, value in ref.items():
-      err = max_rel(check[name], value)
-      assert err < 1e-12, f"{prefix}{name}: their CVMM backward vs autograd, max rel {err:.2e}"
+    assert_same_backward(ref, check, prefix)
     err = abs(ref["reg/total"] - ref["reg/total64"]) / abs(ref["reg/total64"])
     assert err < 1e-6, f"{prefix}their float32 reg_loss vs the float64 terms: {err:.2e}"
     print(f"{prefix or 'stack '}: seed {seed}, top-K margin {margin:.3e}, coefficients {coefs}")

@@ -55,17 +55,22 @@ Float64 as above, plus: their sinusoid table (`pos_encoding`, built in float32 b
 `sinusoidal_pos_embedding`, lines 314-320) is recomputed in float64 with their formula.
 """
 
-import argparse
 import contextlib
-import hashlib
 import math
 import os
-import subprocess
 import sys
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# Run as a script: the emulation of their CVMM kernels and the torch patches it shares with
+# moeut_reference/make_reference.py are in tests/data/authors_torch.py, one folder up.
+sys.path.insert(0, os.path.dirname(HERE))
+# pylint: disable=wrong-import-position
+from authors_torch import (arg_parser, assert_same_backward, cpu_cvmm, default_dtype,
+                           float_keeps_float64, import_authors, load_params, max_rel, patched)
+# pylint: enable=wrong-import-position
+
 OUT = os.path.join(HERE, "outputs.npz")
 
 D_MODEL, N_HEADS, HEAD_DIM, N_EXPERTS, TOP_K = 24, 2, 8, 4, 2
@@ -87,104 +92,7 @@ SEED_XL = 20240929
 PARAM_STD_XL = dict(PARAM_STD, pos_to_pk=1.5 / math.sqrt(D_MODEL))
 
 
-# --- CPU stand-ins for their Triton kernels ------------------------------------------------
-
-def cvmm_triton_cpu(x, sel_index, sel, keys, out_dtype, out_index):
-  """`cvmm_kernel`: for every sorted slot m, row `out_index[m]` (or `sel_index[m]` when
-  out_index is the -1 sentinel) of the [M, N] result is `x[sel_index[m]] @ keys[sel[m]]`."""
-  import torch  # pylint: disable=import-outside-toplevel
-  x = x.flatten(end_dim=-2)
-  sel_shape = sel.shape
-  sel = sel.flatten()
-  rows_out = sel_index if (out_index.numel() == 1 and out_index == -1) else out_index
-  prod = torch.einsum("mk,mkn->mn", x[sel_index].to(out_dtype), keys[sel].to(out_dtype))
-  out = torch.zeros((sel.shape[0], keys.shape[2]), dtype=out_dtype)
-  out[rows_out] = prod
-  return out.view(*sel_shape, keys.shape[2])
-
-
-def cvmm_triton_backward_cpu(x, sel_index, sel, grads, n_experts, key_dtype, op_dtype,
-                             out_index):
-  """`cvmm_backward_kernel3`: `out[e] = sum_{m: sel[m] = e} x[sel_index[m]]^T
-  grads[out_index[m]]` (out_index -1: `grads[sel_index[m]]`), `[n_experts, M, N]`."""
-  import torch  # pylint: disable=import-outside-toplevel
-  x = x.flatten(end_dim=-2)
-  grads = grads.flatten(end_dim=-2)
-  sel = sel.flatten()
-  b_index = sel_index if (out_index.numel() == 1 and out_index == -1) else out_index
-  outer = torch.einsum("im,in->imn", x[sel_index].to(op_dtype), grads[b_index].to(op_dtype))
-  out = torch.zeros((n_experts, x.shape[1], grads.shape[1]), dtype=key_dtype)
-  out.index_add_(0, sel, outer.to(key_dtype))
-  return out
-
-
-def cvmm_autograd_cpu(x, sel, keys):
-  """Their `cvmm(x, sel, keys)` (with `CVMMSel` from `cvmm_prepare_sel2`) as plain autograd:
-  slot s (sorted order `out_index`) reads row `sel_index` of x and expert `sel`; with a
-  reduction weight the slots of a row are summed with it."""
-  import torch  # pylint: disable=import-outside-toplevel
-  x_rows = x.flatten(end_dim=-2)
-  n_slots = sel.sel.numel()
-  prod = torch.einsum("sk,skn->sn", x_rows[sel.sel_index], keys[sel.sel.flatten()])
-  res = torch.zeros((n_slots, keys.shape[2]), dtype=prod.dtype).index_copy(
-      0, sel.out_index, prod)
-  res = res.view(*sel.raw_sel.shape, keys.shape[2])
-  if sel.reduction_weight is None:
-    return res
-  res = res.view(*sel.reduction_weight.shape, keys.shape[2])
-  return (sel.reduction_weight.unsqueeze(-2).type_as(res) @ res).squeeze(-2)
-
-
-@contextlib.contextmanager
-def patched(obj, name, value):
-  old = getattr(obj, name)
-  setattr(obj, name, value)
-  try:
-    yield
-  finally:
-    setattr(obj, name, old)
-
-
-@contextlib.contextmanager
-def cpu_cvmm(cvmm_module, sh_module, dtype, autograd: bool):
-  """Their cvmm on the CPU in `dtype`: emulated kernels under their `CVMM` function, or
-  (`autograd`) their `cvmm` replaced by `cvmm_autograd_cpu`."""
-  import torch  # pylint: disable=import-outside-toplevel
-  with contextlib.ExitStack() as stack:
-    stack.enter_context(patched(cvmm_module, "get_dtype", lambda: dtype))
-    stack.enter_context(patched(cvmm_module, "cvmm_triton_call", cvmm_triton_cpu))
-    stack.enter_context(patched(cvmm_module, "cvmm_triton_backward", cvmm_triton_backward_cpu))
-    stack.enter_context(patched(torch.Tensor, "cuda", lambda self, *a, **k: self))
-    if autograd:
-      stack.enter_context(patched(sh_module, "cvmm", cvmm_autograd_cpu))
-    yield
-
-
-@contextlib.contextmanager
-def float_keeps_float64():
-  """`Tensor.float()` leaves float64 tensors as they are (their router logits, line 107)."""
-  import torch  # pylint: disable=import-outside-toplevel
-  original = torch.Tensor.float
-
-  def float_(self, *args, **kwargs):
-    return self if self.dtype == torch.float64 else original(self, *args, **kwargs)
-
-  with patched(torch.Tensor, "float", float_):
-    yield
-
-
 # --- the run -------------------------------------------------------------------------------
-
-def authors_commit(src: str, given: str | None) -> str:
-  if given:
-    return given
-  try:
-    return subprocess.run(["git", "-C", src, "rev-parse", "HEAD"], check=True,
-                          capture_output=True, text=True).stdout.strip()
-  except (OSError, subprocess.CalledProcessError):
-    sys.exit("--authors_src is not a git work tree: pass --authors_commit (the commit it was "
-             "extracted from, e.g. `git --git-dir=<switchhead.git> rev-parse HEAD`)")
-
 
 def draw(rng: np.random.Generator, shapes: dict, std: dict = PARAM_STD,
          x_len: int = SEQ, r_len: int = SEQ) -> dict:
@@ -200,27 +108,29 @@ def topk_margin(w_ed: np.ndarray, x_btd: np.ndarray) -> float:
   return float(np.min(scores[..., TOP_K - 1] - scores[..., TOP_K]))
 
 
+def out_and_grads(out, x_t, named: dict) -> dict:
+  """`out` and the gradients (after backward) wrt the input `x_t` and every parameter, as
+  float64 numpy."""
+  result = {"out": out.detach().numpy().astype(np.float64),
+            "grad/x": x_t.grad.numpy().astype(np.float64)}
+  for name, p in named.items():
+    result[f"grad/{name}"] = p.grad.numpy().astype(np.float64)
+  return result
+
+
 def run(switchhead, cvmm_module, sh_module, params, x, r, dtype, *, exact64: bool,
         autograd_cvmm: bool = False):
   """Their forward and `d sum(out * r)` wrt x and every parameter, as float64 numpy."""
   import torch  # pylint: disable=import-outside-toplevel
-  old_default = torch.get_default_dtype()
-  torch.set_default_dtype(dtype)  # the scale buffer (torch.full) is created in it
-  try:
+  with default_dtype(dtype):  # the scale buffer (torch.full) is created in it
     layer = switchhead.SwitchHeadRope(
         D_MODEL, N_HEADS, N_EXPERTS, dropout=0.0, d_head=HEAD_DIM, expert_dropout=0.0,
         moe_k=TOP_K, init_scale=1.0, rotate_fraction=ROTATE_FRACTION, rope_base=ROPE_BASE)
-  finally:
-    torch.set_default_dtype(old_default)
   layer = layer.to(dtype)
   if exact64:
     n = layer.n_rotate
     layer.pe.inv_freq = 1.0 / (ROPE_BASE ** (torch.arange(0, n, 2, dtype=dtype) / n))
-  named = dict(layer.named_parameters())
-  assert set(named) == set(params), sorted(named)
-  with torch.no_grad():
-    for name, value in params.items():
-      named[name].copy_(torch.as_tensor(value, dtype=dtype))
+  named = load_params(layer, params, dtype)
   layer.eval()
   xt = torch.as_tensor(x, dtype=dtype).requires_grad_(True)
   rt = torch.as_tensor(r, dtype=dtype)
@@ -231,11 +141,7 @@ def run(switchhead, cvmm_module, sh_module, params, x, r, dtype, *, exact64: boo
     out, _ = layer(xt, xt, xt, mask=None)
     assert out.dtype == dtype, out.dtype
     (out * rt).sum().backward()
-  result = {"out": out.detach().numpy().astype(np.float64),
-            "grad/x": xt.grad.numpy().astype(np.float64)}
-  for name, p in named.items():
-    result[f"grad/{name}"] = p.grad.numpy().astype(np.float64)
-  return result
+  return out_and_grads(out, xt, named)
 
 
 def sinusoid_table_float64(pe_size: int, n_rows: int):
@@ -258,23 +164,15 @@ def run_xl(switchhead, cvmm_module, sh_module, params, ctx, r, dtype, *, exact64
   KV cache (module docstring), `pos_offset` corrected to MEM unless `as_released`: output and
   `d sum(out * r)` wrt ctx and every parameter, float64 numpy."""
   import torch  # pylint: disable=import-outside-toplevel
-  old_default = torch.get_default_dtype()
-  torch.set_default_dtype(dtype)
-  try:
+  with default_dtype(dtype):
     layer = switchhead.SwitchHeadXL(D_MODEL, N_HEADS, N_EXPERTS, dropout=0.0, d_head=HEAD_DIM,
                                     expert_dropout=0.0, moe_k=TOP_K, init_scale=1.0)
-  finally:
-    torch.set_default_dtype(old_default)
   layer = layer.to(dtype)
   if exact64:
     table = sinusoid_table_float64(layer.pe_size, layer.pos_encoding.shape[0])
     assert float((table - layer.pos_encoding).abs().max()) < 1e-3  # float32 angles up to 999
     layer.pos_encoding = table
-  named = dict(layer.named_parameters())
-  assert set(named) == set(params), sorted(named)
-  with torch.no_grad():
-    for name, value in params.items():
-      named[name].copy_(torch.as_tensor(value, dtype=dtype))
+  named = load_params(layer, params, dtype)
   layer.eval()
   original_attend = layer.attend
   offsets = []
@@ -298,15 +196,26 @@ def run_xl(switchhead, cvmm_module, sh_module, params, ctx, r, dtype, *, exact64
     assert out.dtype == dtype and out.shape == (BATCH, SEG, D_MODEL), (out.dtype, out.shape)
     (out * rt).sum().backward()
   assert offsets == [0, MEM], offsets
-  result = {"out": out.detach().numpy().astype(np.float64),
-            "grad/x": ctx_t.grad.numpy().astype(np.float64)}
-  for name, p in named.items():
-    result[f"grad/{name}"] = p.grad.numpy().astype(np.float64)
-  return result
+  return out_and_grads(out, ctx_t, named)
 
 
-def max_rel(a: np.ndarray, b: np.ndarray) -> float:
-  return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+def save(path, params, ref, as_is32, commit, sources, torch_version, **specifics) -> None:
+  """The npz: the weights, their float64 outputs and gradients (`ref`), the run's own arrays
+  (`specifics`, in that order), where their code came from, and how far their float32 run is
+  from `ref`."""
+  arrays = {f"param/{name}": value for name, value in params.items()}
+  arrays.update(ref)
+  arrays.update(specifics)
+  arrays.update(
+      authors_repo=np.str_("https://github.com/RobertCsordas/switchhead"),
+      authors_commit=np.str_(commit),
+      authors_sha256=np.str_(" ".join(f"{k}:{v}" for k, v in sources.items())),
+      torch_version=np.str_(torch_version), dtype=np.str_("float64"),
+      max_rel_their_float32=np.array([max_rel(as_is32[k], v) for k, v in ref.items()]),
+      max_rel_their_float32_names=np.array(list(ref)))
+  np.savez_compressed(path, **arrays)
+  print(f"wrote {path} ({os.path.getsize(path)} bytes), their commit {commit}, "
+        f"torch {torch_version}")
 
 
 def make_rope(path, modules, commit, sources, torch_version) -> None:
@@ -323,30 +232,16 @@ def make_rope(path, modules, commit, sources, torch_version) -> None:
   ref = run(*common, torch.float64, exact64=True)
   check = run(*common, torch.float64, exact64=True, autograd_cvmm=True)
   as_is32 = run(*common, torch.float32, exact64=False)
-  for name, value in ref.items():
-    err = max_rel(check[name], value)
-    assert err < 1e-12, f"{name}: their CVMM backward vs autograd, max rel {err:.2e}"
+  assert_same_backward(ref, check)
   print(f"top-{TOP_K} margin {margin:.3e}")
   print(f"{'array':>16} {'max|ref|':>10} {'autograd cvmm':>14} {'their float32':>14}  (max rel)")
   for name, value in ref.items():
     print(f"{name:>16} {np.max(np.abs(value)):10.3e} {max_rel(check[name], value):14.2e} "
           f"{max_rel(as_is32[name], value):14.2e}")
 
-  arrays = {f"param/{name}": value for name, value in params.items()}
-  arrays.update(ref)
-  arrays.update(
-      x=x, r=r,
-      shape=np.array([D_MODEL, N_HEADS, HEAD_DIM, N_EXPERTS, TOP_K, BATCH, SEQ]),
-      rotate_fraction=np.float64(ROTATE_FRACTION), rope_base=np.float64(ROPE_BASE),
-      authors_repo=np.str_("https://github.com/RobertCsordas/switchhead"),
-      authors_commit=np.str_(commit),
-      authors_sha256=np.str_(" ".join(f"{k}:{v}" for k, v in sources.items())),
-      torch_version=np.str_(torch_version), dtype=np.str_("float64"),
-      max_rel_their_float32=np.array([max_rel(as_is32[k], v) for k, v in ref.items()]),
-      max_rel_their_float32_names=np.array(list(ref)))
-  np.savez_compressed(path, **arrays)
-  print(f"wrote {path} ({os.path.getsize(path)} bytes), their commit {commit}, "
-        f"torch {torch_version}")
+  save(path, params, ref, as_is32, commit, sources, torch_version,
+       x=x, r=r, shape=np.array([D_MODEL, N_HEADS, HEAD_DIM, N_EXPERTS, TOP_K, BATCH, SEQ]),
+       rotate_fraction=np.float64(ROTATE_FRACTION), rope_base=np.float64(ROPE_BASE))
 
 
 def make_xl(path, modules, commit, sources, torch_version) -> None:
@@ -367,9 +262,7 @@ def make_xl(path, modules, commit, sources, torch_version) -> None:
   check = run_xl(*common, torch.float64, exact64=True, autograd_cvmm=True)
   as_is32 = run_xl(*common, torch.float32, exact64=False)
   released = run_xl(*common, torch.float64, exact64=True, as_released=True)
-  for name, value in ref.items():
-    err = max_rel(check[name], value)
-    assert err < 1e-12, f"{name}: their CVMM backward vs autograd, max rel {err:.2e}"
+  assert_same_backward(ref, check)
   print(f"XL: top-{TOP_K} margin {margin:.3e}")
   print(f"{'array':>16} {'max|ref|':>10} {'autograd cvmm':>14} {'their float32':>14} "
         f"{'as released':>12}  (max rel)")
@@ -377,46 +270,21 @@ def make_xl(path, modules, commit, sources, torch_version) -> None:
     print(f"{name:>16} {np.max(np.abs(value)):10.3e} {max_rel(check[name], value):14.2e} "
           f"{max_rel(as_is32[name], value):14.2e} {max_rel(released[name], value):12.2e}")
 
-  arrays = {f"param/{name}": value for name, value in params.items()}
-  arrays.update(ref)
-  arrays.update(
-      x=ctx, r=r, out_as_released=released["out"],
-      shape=np.array([D_MODEL, N_HEADS, HEAD_DIM, N_EXPERTS, TOP_K, BATCH, MEM, SEG]),
-      authors_repo=np.str_("https://github.com/RobertCsordas/switchhead"),
-      authors_commit=np.str_(commit),
-      authors_sha256=np.str_(" ".join(f"{k}:{v}" for k, v in sources.items())),
-      torch_version=np.str_(torch_version), dtype=np.str_("float64"),
-      max_rel_their_float32=np.array([max_rel(as_is32[k], v) for k, v in ref.items()]),
-      max_rel_their_float32_names=np.array(list(ref)))
-  np.savez_compressed(path, **arrays)
-  print(f"wrote {path} ({os.path.getsize(path)} bytes), their commit {commit}, "
-        f"torch {torch_version}")
+  save(path, params, ref, as_is32, commit, sources, torch_version,
+       x=ctx, r=r, out_as_released=released["out"],
+       shape=np.array([D_MODEL, N_HEADS, HEAD_DIM, N_EXPERTS, TOP_K, BATCH, MEM, SEG]))
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--authors_src", required=True,
-                      help="a checkout of RobertCsordas/switchhead (holds switchhead/)")
-  parser.add_argument("--authors_commit", default=None,
-                      help="its commit (default: `git rev-parse HEAD` in --authors_src)")
+  parser = arg_parser(__doc__.splitlines()[0], "switchhead")
   parser.add_argument("--out", default=OUT)
   parser.add_argument("--out_xl", default=OUT_XL)
   args = parser.parse_args()
 
   import torch  # pylint: disable=import-outside-toplevel
-  src = os.path.abspath(args.authors_src)
-  sys.path.insert(0, src)
-  import switchhead  # pylint: disable=import-outside-toplevel
-  from switchhead import cvmm as cvmm_module  # pylint: disable=import-outside-toplevel
-  from switchhead import switchhead as sh_module  # pylint: disable=import-outside-toplevel
-  assert os.path.dirname(os.path.abspath(switchhead.__file__)) == os.path.join(src, "switchhead")
-  commit = authors_commit(src, args.authors_commit)
-  sources = {}
-  for name in ("switchhead.py", "cvmm.py"):
-    with open(os.path.join(src, "switchhead", name), "rb") as f:
-      sources[name] = hashlib.sha256(f.read()).hexdigest()
-
-  modules = (switchhead, cvmm_module, sh_module)
+  # (their package, switchhead/cvmm.py, switchhead/switchhead.py)
+  modules, commit, sources = import_authors(args.authors_src, args.authors_commit,
+                                            "switchhead", "switchhead")
   make_rope(args.out, modules, commit, sources, torch.__version__)
   make_xl(args.out_xl, modules, commit, sources, torch.__version__)
 
