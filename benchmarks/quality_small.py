@@ -103,7 +103,7 @@ def run(config_name: str, corpus: str, variant: str, seed: int, steps: int | Non
   return result
 
 
-def _mean_sd(values: list[float]) -> tuple[float, float | None]:
+def mean_sd(values: list[float]) -> tuple[float, float | None]:
   return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
@@ -115,7 +115,7 @@ def summarise(runs: list[dict]) -> list[dict]:
   for corpus, variant in dict.fromkeys((r["corpus"], r["variant"]) for r in runs):
     seeds = sorted(s for c, v, s in by_key if (c, v) == (corpus, variant))
     bpb = [by_key[corpus, variant, s]["valid_bits_per_byte"] for s in seeds]
-    mean, sd = _mean_sd(bpb)
+    mean, sd = mean_sd(bpb)
     row = {"corpus": corpus, "variant": variant, "seeds": seeds, "bpb_mean": mean,
            "bpb_sd": sd, "diff_percent_mean": None, "diff_percent_sd": None,
            "params": by_key[corpus, variant, seeds[0]]["params"]}
@@ -123,7 +123,7 @@ def summarise(runs: list[dict]) -> list[dict]:
     if variant != "dense" and paired:
       diffs = [100 * (by_key[corpus, variant, s]["valid_bits_per_byte"]
                       / by_key[corpus, "dense", s]["valid_bits_per_byte"] - 1) for s in paired]
-      row["diff_percent_mean"], row["diff_percent_sd"] = _mean_sd(diffs)
+      row["diff_percent_mean"], row["diff_percent_sd"] = mean_sd(diffs)
     rows.append(row)
   return rows
 

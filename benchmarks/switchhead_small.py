@@ -27,7 +27,7 @@ import statistics
 import time
 
 from benchmarks.machine import machine_info, write_result
-from benchmarks.quality_small import logged_steps, step_seconds
+from benchmarks.quality_small import mean_sd, logged_steps, step_seconds
 from configs import moeut_small, switchhead_small
 from sparse_jax.models.accounting import attention_report, model_report
 from sparse_jax.models.lm_config import head_dim_of, validate_model_config
@@ -95,10 +95,6 @@ def run(variant: str, seed: int, steps: int | None, root: str) -> dict:
   return result
 
 
-def _mean_sd(values: list[float]) -> tuple[float, float | None]:
-  return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else None
-
-
 def summarise(runs: list[dict]) -> list[dict]:
   """Per variant (in the order of the runs): bits per byte mean and sd over seeds, the
   difference to its comparison's baseline of the same seed in % of it (mean and sd; the
@@ -109,7 +105,7 @@ def summarise(runs: list[dict]) -> list[dict]:
   for variant in dict.fromkeys(r["variant"] for r in runs):
     seeds = sorted(s for v, s in by_key if v == variant)
     mine = [by_key[variant, s] for s in seeds]
-    mean, sd = _mean_sd([r["valid_bits_per_byte"] for r in mine])
+    mean, sd = mean_sd([r["valid_bits_per_byte"] for r in mine])
     baseline = COMPARISONS[comparison_of(variant)][1][0]
     row = {"comparison": mine[0]["comparison"], "variant": variant, "baseline": baseline,
            "seeds": seeds, "shape": mine[0]["shape"], "bpb_mean": mean, "bpb_sd": sd,
@@ -123,7 +119,7 @@ def summarise(runs: list[dict]) -> list[dict]:
     if variant != baseline and paired:
       diffs = [100 * (by_key[variant, s]["valid_bits_per_byte"]
                       / by_key[baseline, s]["valid_bits_per_byte"] - 1) for s in paired]
-      row["diff_percent_mean"], row["diff_percent_sd"] = _mean_sd(diffs)
+      row["diff_percent_mean"], row["diff_percent_sd"] = mean_sd(diffs)
     rows.append(row)
   return rows
 

@@ -1,4 +1,8 @@
-"""The tiny language-model config the training tests share."""
+"""The tiny language-model config the training tests share, and decoding a whole sequence
+token by token (the decoding tests)."""
+
+import jax.numpy as jnp
+from flax import nnx
 
 
 def tiny_lm_config(stdlib_slice: str, data_dir: str):
@@ -16,3 +20,14 @@ def tiny_lm_config(stdlib_slice: str, data_dir: str):
   config.eval.update(batch_size=2, mem_len=32, max_batches=4)
   config.mesh.data = 1  # one device; tests/training/test_parallel_training.py uses meshes.
   return config
+
+
+@nnx.jit
+def decode_all(lm, tokens_bt):
+  """Logits of every position, fed one token at a time through the decode cache."""
+  cache = lm.init_cache(tokens_bt.shape[0], tokens_bt.shape[1])
+  logits = []
+  for i in range(tokens_bt.shape[1]):
+    step_logits, cache = lm.decode_step(tokens_bt[:, i:i + 1], cache)
+    logits.append(step_logits)
+  return jnp.concatenate(logits, axis=1)

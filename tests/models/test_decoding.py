@@ -6,6 +6,7 @@ import ml_collections
 import numpy as np
 import pytest
 from flax import nnx
+from lm_testing import decode_all
 
 import sparse_jax
 from sparse_jax.models import TransformerLM
@@ -29,17 +30,6 @@ def build(cfg):
   lm = TransformerLM(cfg, rngs=nnx.Rngs(0))
   lm.eval()
   return lm
-
-
-@nnx.jit
-def decode_all(lm, tokens_bt):
-  """Logits of every position, fed one token at a time through the decode cache."""
-  cache = lm.init_cache(tokens_bt.shape[0], tokens_bt.shape[1])
-  logits = []
-  for i in range(tokens_bt.shape[1]):
-    step_logits, cache = lm.decode_step(tokens_bt[:, i:i + 1], cache)
-    logits.append(step_logits)
-  return jnp.concatenate(logits, axis=1)
 
 
 @pytest.mark.parametrize("attention", ["xl", "causal", "sparse_qkv"])

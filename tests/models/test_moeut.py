@@ -8,6 +8,7 @@ import ml_collections
 import numpy as np
 import pytest
 from flax import nnx
+from lm_testing import decode_all
 
 import pallas_kernels
 from configs import default, moeut_paper
@@ -128,12 +129,8 @@ def test_decoding_equals_the_teacher_forced_forward():
   lm = TransformerLM(_config(), rngs=nnx.Rngs(4))
   tokens = _tokens(2, t=6)
   logits, _, _ = lm(tokens)
-  cache, steps = lm.init_cache(2, 8), []
-  assert len(cache["layers"]) == 4
-  for t in range(tokens.shape[1]):
-    step, cache = lm.decode_step(tokens[:, t:t + 1], cache)
-    steps.append(step)
-  np.testing.assert_allclose(np.concatenate(steps, 1), logits, rtol=2e-5, atol=2e-5)
+  assert len(lm.init_cache(2, 8)["layers"]) == 4
+  np.testing.assert_allclose(decode_all(lm, tokens), logits, rtol=2e-5, atol=2e-5)
 
 
 @pytest.mark.parametrize("overrides, field", [

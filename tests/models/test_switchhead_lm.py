@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from lm_testing import decode_all
 
 from configs import default
 from sparse_jax.models.lm import TransformerLM
@@ -53,11 +54,7 @@ def test_decoding_equals_the_teacher_forced_forward(positions, impl):
                      rngs=nnx.Rngs(0))
   tokens_bt = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 9)), jnp.int32)
   logits_btv, _, _ = lm(tokens_bt)
-  cache, steps = lm.init_cache(2, 12), []
-  for t in range(tokens_bt.shape[1]):
-    logits_b1v, cache = lm.decode_step(tokens_bt[:, t:t + 1], cache)
-    steps.append(logits_b1v)
-  np.testing.assert_allclose(np.concatenate(steps, axis=1), logits_btv, atol=2e-5, rtol=2e-5)
+  np.testing.assert_allclose(decode_all(lm, tokens_bt), logits_btv, atol=2e-5, rtol=2e-5)
 
 
 def test_every_impl_gives_the_gather_oracles_logits():
@@ -108,11 +105,7 @@ def test_xl_decoding_through_memory_equals_the_full_forward(impl="blocked"):
   tokens_bt = jnp.asarray(np.random.default_rng(4).integers(0, 256, (2, 9)), jnp.int32)
   logits_btv, _, aux = lm(tokens_bt)
   assert aux["layer1/attn_v/token_share"].shape == (H, E)
-  cache, steps = lm.init_cache(2, 12), []
-  for t in range(tokens_bt.shape[1]):
-    logits_b1v, cache = lm.decode_step(tokens_bt[:, t:t + 1], cache)
-    steps.append(logits_b1v)
-  np.testing.assert_allclose(np.concatenate(steps, axis=1), logits_btv, atol=2e-5, rtol=2e-5)
+  np.testing.assert_allclose(decode_all(lm, tokens_bt), logits_btv, atol=2e-5, rtol=2e-5)
 
 
 def test_xl_segments_with_memory_equal_one_long_segment():
