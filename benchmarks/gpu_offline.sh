@@ -4,11 +4,13 @@
 #   python -m benchmarks.offline_bundle --python 3.12 --out wheels/   # where an index is reachable
 #   bash benchmarks/gpu_offline.sh wheels/ gpu_out/                    # on the node, repo root
 #   bash benchmarks/gpu_offline.sh --smoke WHEELS OUT   # anywhere: tiny shapes, no GPU needed
+#   TUNE_BUDGET_S=0 bash benchmarks/gpu_offline.sh WHEELS OUT --parts=training   # some parts
 #
 # Installs the bundle with pip into a fresh folder (no index, no dependencies resolved: the
 # bundle holds them, and the node's own JAX, Flax, Optax and Orbax stay as they are), puts it
 # on PYTHONPATH, prints the environment, stops if JAX sees no GPU, then runs the GPU suite and
-# the block-size sweep. Everything it writes lands in OUT_DIR, 8 files (6 with --smoke, which
+# the block-size sweep (not with TUNE_BUDGET_S=0); arguments after OUT_DIR go to the suite.
+# Everything it writes lands in OUT_DIR, 8 files (6 with --smoke, which
 # runs no tests): environment.txt, gpu_offline.log, gpu_suite.json, gpu_suite.md,
 # gpu_tests.log, gpu_tests.xml, decode.json, tune_blocks.json.
 # Budget: about 10 minutes on an H100 (SUITE_BUDGET_S + TUNE_BUDGET_S seconds of measuring,
@@ -20,8 +22,8 @@ if [[ ${1:-} == --smoke ]]; then
   smoke=(--smoke)
   shift
 fi
-if [[ $# -ne 2 ]]; then
-  echo "usage: bash benchmarks/gpu_offline.sh [--smoke] WHEELS_DIR OUT_DIR" >&2
+if [[ $# -lt 2 ]]; then
+  echo "usage: bash benchmarks/gpu_offline.sh [--smoke] WHEELS_DIR OUT_DIR [SUITE_ARGS...]" >&2
   exit 2
 fi
 if [[ ! -d $1 ]]; then
@@ -78,7 +80,9 @@ if jax.default_backend() != "gpu" and "--smoke" not in sys.argv:
            "attached? Nothing was measured." % jax.default_backend())
 PY
 
-"$python" -m benchmarks.gpu_suite "${smoke[@]}" --out "$out" --budget_s "$suite_budget_s"
-"$python" -m benchmarks.tune_blocks "${smoke[@]}" --out "$out" --budget_s "$tune_budget_s"
+"$python" -m benchmarks.gpu_suite "${smoke[@]}" --out "$out" --budget_s "$suite_budget_s" "${@:3}"
+if [[ $tune_budget_s != 0 ]]; then
+  "$python" -m benchmarks.tune_blocks "${smoke[@]}" --out "$out" --budget_s "$tune_budget_s"
+fi
 echo "done: $(ls "$out" | wc -l) files in $out"
 ls -l "$out"

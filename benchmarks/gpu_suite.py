@@ -1,26 +1,31 @@
 """Every GPU measurement in one command, meant to fit in 8 minutes on an H100 (GPU time is scarce).
 
-    python -m benchmarks.gpu_suite --out DIR [--budget_s 420] [--blocked]
+    python -m benchmarks.gpu_suite --out DIR [--budget_s 420] [--blocked] [--parts=tests,training]
+        [--tests=PATH,...] [--training=sigma_moe,switchhead,moeut]
     python -m benchmarks.gpu_suite --smoke --out DIR     # tiny shapes on CPU: checks the suite
 
 Parts, in order; each one's failure (and each cell's) is caught, recorded with its error text,
 and the suite goes on:
   1. environment: device, jax/jaxlib/python versions, date, the device's peaks (`roofline`).
-  2. tests: tests/pallas_kernels and tests/layers/test_moe_layers.py on the GPU, in a
-     subprocess (junit XML and log in DIR); skipped with --smoke (the CPU suite runs them).
+  2. tests: tests/pallas_kernels, tests/layers/test_moe_layers.py and the SwitchHead layer
+     tests (`TEST_PATHS`, or --tests) on the GPU, in a subprocess (junit XML and log in DIR);
+     skipped with --smoke (the CPU suite runs them).
   3. cvmm: one cvmm (the up projection: x [T, d] shared by K slots, w [N_E, d, G]) and the
      whole MoE layer (benchmarks/cvmm.py's `moe_layer`), forward and forward + backward, per
      impl of `pallas_kernels.IMPLS` (blocked with --blocked) and the parameter-matched dense
      matmul / MLP (d_ff = G * N_E): ms, TFLOP/s of the active work, the roofline bound and the
      fraction of it achieved, time relative to dense, and peak memory (the sigma-MoE paper's
      Fig. 2: time and memory against N_E).
-  4. training: one training step of configs/sigma_moe_paper.py:wt103_s and its dense
-     baseline configs/wt103_s_dense.py, bfloat16 compute, f32 parameters, on random tokens
-     (no dataset is prepared): ms/step, tokens/s, peak memory.
+  4. training: one training step of each model of `TRAINING`'s comparisons (or --training):
+     configs/sigma_moe_paper.py:wt103_s and its dense baseline, the SwitchHead paper's WT-103
+     S trio, MoEUT 44M and its dense baseline; bfloat16 compute, f32 parameters, on random
+     tokens (no dataset is prepared): ms/step, tokens/s, against the comparison's baseline,
+     peak memory.
   5. decode: benchmarks/decode.py at its defaults.
 Writes DIR/gpu_suite.json and DIR/gpu_suite.md (Markdown tables for benchmarks/RESULTS.md)
-after every part, so a run that is killed keeps what it measured; prints the Markdown at the
-end and progress lines to stderr as it goes.
+after every part (a part left out of --parts reads "skipped: --parts"), so a run that is
+killed keeps what it measured; prints the Markdown at the end and progress lines to stderr as
+it goes.
 
 Time budget: `--budget_s` seconds from the start, shared out by `PART_ENDS`: each part stops
 starting new cells once its share has passed (cells not run read "skipped: time budget"), so
@@ -56,7 +61,7 @@ from flax import nnx
 
 from benchmarks import cvmm as cvmm_benchmark
 from benchmarks import decode, gpu_suite_tables, roofline
-from configs import sigma_moe_paper, wt103_s_dense
+from configs import moeut_paper, sigma_moe_paper, switchhead_paper, wt103_s_dense
 from pallas_kernels import IMPLS, cvmm
 from sparse_jax import parallel
 from sparse_jax.models.accounting import model_report
@@ -70,7 +75,11 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # training cell (compiling the 16-layer model) and decoding room in the minute between the
 # default budget and 8 minutes (estimated: check the elapsed times of the first GPU run).
 PART_ENDS = {"tests": 0.3, "cvmm": 0.65, "training": 0.85, "decode": 1.0}
-TEST_PATHS = ("tests/pallas_kernels", "tests/layers/test_moe_layers.py")
+TEST_PATHS = ("tests/pallas_kernels", "tests/layers/test_moe_layers.py",
+              "tests/layers/test_switchhead_attention.py",
+              "tests/layers/test_switchhead_xl_attention.py",
+              "tests/layers/test_switchhead_authors.py")
+PARTS = ("tests", "cvmm", "training", "decode")  # after "environment", which always runs
 TESTS_TIMEOUT_S = 240
 INTERRUPT_GRACE_S = 20  # for pytest to write its junit XML after a timeout's SIGINT
 TEST_WORKERS = 4  # pytest-xdist processes sharing the GPU: test time is mostly compilation.
@@ -156,7 +165,8 @@ def environment_part() -> dict:
 
 # Part 2: the GPU tests.
 
-def tests_part(scale: Scale, out_dir: pathlib.Path, budget: Budget) -> dict:
+def tests_part(scale: Scale, out_dir: pathlib.Path, budget: Budget,
+               paths: list[str]) -> dict:
   """Runs the kernel and MoE-layer tests in a subprocess; counts from its junit XML."""
   if scale.smoke:
     return {"status": "skipped: smoke"}
@@ -164,13 +174,13 @@ def tests_part(scale: Scale, out_dir: pathlib.Path, budget: Budget) -> dict:
   if timeout_s <= 0:
     return {"status": "skipped: time budget"}
   xml, log = out_dir / "gpu_tests.xml", out_dir / "gpu_tests.log"
-  command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TEST_PATHS,
+  command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *paths,
              f"--junitxml={xml}"]
   if importlib.util.find_spec("xdist"):
     command += ["-n", str(TEST_WORKERS)]
   progress(budget, f"tests: {' '.join(command[1:])} (timeout {timeout_s:.0f} s, log {log})")
   returncode = run_with_timeout(command, log, timeout_s)
-  result = {"paths": list(TEST_PATHS), "command": " ".join(["python", *command[1:]]),
+  result = {"paths": list(paths), "command": " ".join(["python", *command[1:]]),
             "returncode": returncode}
   if returncode is None:
     result.update(status="error", error=f"timed out after {timeout_s:.0f} s, counts are of "
@@ -421,21 +431,47 @@ def cvmm_part(scale: Scale, budget: Budget, impls: list[str], save) -> dict:
 
 # Part 4: training steps.
 
-def training_configs(smoke: bool) -> dict:
-  """WT-S sigma-MoE and its dense baseline, bfloat16 compute (f32 parameters); with
-  `smoke`, both shrunk alike to a one-layer model of width 32."""
-  configs = {"sigma_moe wt103_s": sigma_moe_paper.get_config("wt103_s"),
-             "dense wt103_s": wt103_s_dense.get_config()}
-  for config in configs.values():
-    config.model.dtype = "bfloat16"
-    if smoke:
-      config.data.update(batch_size=2, seq_len=16)
-      config.model.update(d_model=32, n_layers=1, n_heads=2, head_dim=16, mem_len=16)
-      if config.model.ff.kind == "dense":
-        config.model.ff.d_ff = 32
-      else:
-        config.model.ff.update(n_experts=4, expert_size=8, k=2)
-  return configs
+# comparison: its models, the first the baseline the others' `x_baseline` is over; each a
+# (row name, config file module, its spec or None). The sigma-MoE paper's WT-103 S pair, the
+# SwitchHead paper's WT-103 S trio, MoEUT's 44M pair.
+TRAINING = {
+    "sigma_moe": (("dense wt103_s", wt103_s_dense, None),
+                  ("sigma_moe wt103_s", sigma_moe_paper, "wt103_s")),
+    "switchhead": (("dense 10 heads wt103_s", switchhead_paper, "wt103_s,dense"),
+                   ("switchhead wt103_s", switchhead_paper, "wt103_s,switchhead"),
+                   ("dense 2 heads wt103_s", switchhead_paper, "wt103_s,dense_few")),
+    "moeut": (("dense 44m", moeut_paper, "44m,dense"),
+              ("moeut 44m", moeut_paper, "44m,moeut")),
+}
+
+
+def shrink_for_smoke(config) -> None:
+  """Every model alike to two layers of width 32 (heads of 16, 4 experts of 8)."""
+  config.data.update(batch_size=2, seq_len=16)
+  config.model.update(d_model=32, n_layers=2, n_heads=2, head_dim=16,
+                      mem_len=min(config.model.mem_len, 16))
+  if config.model.get("attention_experts"):
+    config.model.update(attention_experts=4, attention_k=2)
+  if config.model.ff.kind == "dense":
+    config.model.ff.d_ff = 32
+  else:
+    config.model.ff.update(n_experts=4, expert_size=8, k=2)
+
+
+def training_configs(comparisons: list[str], smoke: bool) -> list[tuple[str, str, object]]:
+  """(comparison, row name, config) of each model of `comparisons`, in `TRAINING`'s order,
+  bfloat16 compute (f32 parameters); with `smoke`, shrunk (`shrink_for_smoke`)."""
+  rows = []
+  for comparison in comparisons:
+    for name, module, spec in TRAINING[comparison]:
+      config = module.get_config() if spec is None else module.get_config(spec)
+      config.model.dtype = "bfloat16"
+      if config.data.name == "text_files":  # MoEUT's: a path the task checks but never opens
+        config.data.file = "random_tokens.txt"
+      if smoke:
+        shrink_for_smoke(config)
+      rows.append((comparison, name, config))
+  return rows
 
 
 def time_training(config, steps: int) -> dict:
@@ -470,13 +506,15 @@ def time_training(config, steps: int) -> dict:
           "loss": float(metrics["loss"])}
 
 
-def training_part(scale: Scale, budget: Budget) -> dict:
-  """One row per config; `x_dense` is the dense step time over this one's."""
+def training_part(scale: Scale, budget: Budget, comparisons: list[str]) -> dict:
+  """One row per model of `comparisons`; `x_baseline` is its comparison's baseline (first
+  model) step time over this one's."""
   rows = []
-  for name, config in training_configs(scale.smoke).items():
-    row = {"model": name, "batch_size": config.data.batch_size,
+  for comparison, name, config in training_configs(comparisons, scale.smoke):
+    row = {"comparison": comparison, "model": name, "batch_size": config.data.batch_size,
            "seq_len": config.data.seq_len, "dtype": config.model.dtype,
-           "ff": config.model.ff.to_dict(), "status": "ok"}
+           "ff": config.model.ff.to_dict(), "attention": config.model.get("attention", "xl"),
+           "status": "ok"}
     rows.append(row)
     if budget.left("training") <= 0:
       row["status"] = "skipped: time budget"
@@ -487,10 +525,11 @@ def training_part(scale: Scale, budget: Budget) -> dict:
       row.update(time_training(config, scale.train_steps))
     except Exception as error:  # A config's failure is its row; the suite goes on.
       row.update(status="error", error=error_text(error))
-  dense = next((r for r in rows if r["ff"]["kind"] == "dense" and r["status"] == "ok"), None)
-  for row in rows:
-    if dense and row["status"] == "ok":
-      row["x_dense"] = dense["step_ms"] / row["step_ms"]
+  for comparison in comparisons:
+    baseline = next(r for r in rows if r["comparison"] == comparison)
+    for row in rows:
+      if row["comparison"] == comparison and "ok" == row["status"] == baseline["status"]:
+        row["x_baseline"] = baseline["step_ms"] / row["step_ms"]
   return {"steps": scale.train_steps, "rows": rows}
 
 
@@ -546,9 +585,25 @@ def parse_args(argv):
                       help="seconds from the start after which no cell starts")
   parser.add_argument("--blocked", action="store_true",
                       help="also time impl='blocked' (the XLA path for CPU/TPU; on with --smoke)")
+  parser.add_argument("--parts", default=",".join(PARTS),
+                      help=f"comma-separated parts to run, of {','.join(PARTS)} (the "
+                           "environment always runs); the others read 'skipped: --parts'")
+  parser.add_argument("--tests", default=",".join(TEST_PATHS),
+                      help="comma-separated test paths the tests part runs on the GPU")
+  parser.add_argument("--training", default=",".join(TRAINING),
+                      help=f"comma-separated comparisons the training part times, of "
+                           f"{','.join(TRAINING)}")
   parser.add_argument("--smoke", action="store_true",
                       help="tiny shapes, tests skipped: checks the suite itself, on CPU")
-  return parser.parse_args(argv)
+  args = parser.parse_args(argv)
+  for flag, allowed in (("parts", PARTS), ("training", tuple(TRAINING))):
+    chosen = [name for name in getattr(args, flag).split(",") if name]
+    unknown = sorted(set(chosen) - set(allowed))
+    if unknown:
+      parser.error(f"--{flag}: unknown {unknown}; allowed: {', '.join(allowed)}")
+    setattr(args, flag, chosen)
+  args.tests = [path for path in args.tests.split(",") if path]
+  return args
 
 
 def main(argv=None) -> dict:
@@ -564,11 +619,16 @@ def main(argv=None) -> dict:
                             "budget_s": args.budget_s, "part_ends": PART_ENDS,
                             "scale": dataclasses.asdict(scale)}, budget)
   run_part(report, budget, "environment", environment_part)
-  run_part(report, budget, "tests", tests_part, scale, out_dir, budget)
   impls = suite_impls(args.blocked or args.smoke)
-  run_part(report, budget, "cvmm", cvmm_part, scale, budget, impls, report.save)
-  run_part(report, budget, "training", training_part, scale, budget)
-  run_part(report, budget, "decode", decode_part, scale, out_dir, budget)
+  parts = {"tests": (tests_part, scale, out_dir, budget, args.tests),
+           "cvmm": (cvmm_part, scale, budget, impls, report.save),
+           "training": (training_part, scale, budget, args.training),
+           "decode": (decode_part, scale, out_dir, budget)}
+  for name, (part, *part_args) in parts.items():
+    if name in args.parts:
+      run_part(report, budget, name, part, *part_args)
+    else:
+      report.save(name, {"status": "skipped: --parts"})
   progress(budget, f"done: {out_dir / 'gpu_suite.json'}, {out_dir / 'gpu_suite.md'}")
   print(gpu_suite_tables.markdown(report.data))
   return report.data

@@ -2,7 +2,8 @@
 SwitchHead, and dense with SwitchHead's head count, at equal parameters, over seeds.
 
     python -m benchmarks.switchhead_small --seeds=0,1 --workdir=runs/switchhead_small \
-        --out=benchmarks/switchhead_small.json [--steps=N] [--variants=dense,switchhead]
+        --out=benchmarks/switchhead_small.json [--steps=N] [--variants=dense,switchhead] \
+        [--step_rounds=10]
 
 Trains every variant of each comparison in `COMPARISONS` (`configs/switchhead_small.py`'s
 `dense`, `switchhead`, `dense_few`; `configs/moeut_small.py`'s `moeut_dense`, `moeut`) once
@@ -14,10 +15,12 @@ invocation, which started after `resumed_after_step`). Prints one Markdown table
 the validation bits per byte (the run's final evaluation) as mean +- sd over the seeds, the
 paired difference to its comparison's baseline (its first variant, in % of it), parameters,
 one attention layer's parameters, MACs and activation memory as the SwitchHead paper counts
-them (`models.accounting.attention_report`), the median training step time (from the logged
-tokens per second of the run's `metrics.jsonl`, i.e. the median logging window; the first
-window includes compilation) and each run's wall time. Writes every run and the summary as
-JSON.
+them (`models.accounting.attention_report`), the training step time measured after training
+with each comparison's variants side by side (`--step_rounds` ABBA-interleaved steps on random
+tokens, so load on the machine hits all alike; the median of the paired ratios to the
+baseline) and each run's wall time. Each run's JSON also keeps its logged step time (the
+median logging window of its `metrics.jsonl`: taken while whatever else ran). Writes every
+run and the summary as JSON.
 """
 
 import argparse
@@ -26,11 +29,16 @@ import os
 import statistics
 import time
 
+import jax
+
 from benchmarks.machine import machine_info, write_result
 from benchmarks.quality_small import mean_sd, logged_steps, step_seconds
+from benchmarks.routing_health_cost import abba_step_times, make_runner, random_batches
 from configs import moeut_small, switchhead_small
 from sparse_jax.models.accounting import attention_report, model_report
+from sparse_jax import parallel
 from sparse_jax.models.lm_config import head_dim_of, validate_model_config
+from sparse_jax.tasks.lm import LanguageModelTask
 from sparse_jax.tasks.runs import train_to_completion
 
 # comparison: (get_config(variant) of its config file, its variants; the first is the baseline
@@ -95,11 +103,39 @@ def run(variant: str, seed: int, steps: int | None, root: str) -> dict:
   return result
 
 
-def summarise(runs: list[dict]) -> list[dict]:
+def interleaved_step_ms(variants: list[str], rounds: int) -> dict[str, dict]:
+  """Per variant, its training step's median ms when the variants of its comparison take
+  turns step by step (ABBA order, `rounds` rounds after a compiling call each, random tokens,
+  one device), and the median over rounds of its baseline's step over its own: step times
+  measured side by side, so the machine's load hits all alike (the runs' logged step times
+  are not: they ran at different times)."""
+  mesh = parallel.make_mesh([1, 1, 1])
+  timed = {}
+  for comparison, (_, comparison_variants) in COMPARISONS.items():
+    chosen = [v for v in comparison_variants if v in variants]
+    if not chosen:
+      continue
+    configs = {v: variant_config(v) for v in chosen}
+    for config in configs.values():
+      config.mesh.data = 1
+    with jax.set_mesh(mesh):
+      runners = {v: make_runner(c, LanguageModelTask(c).loss, mesh) for v, c in configs.items()}
+      times = abba_step_times(runners, random_batches(configs[chosen[0]]), rounds)
+    baseline = comparison_variants[0]
+    for v in chosen:
+      ratio = (statistics.median(b / t for b, t in zip(times[baseline], times[v]))
+               if baseline in times else None)
+      timed[v] = {"step_ms": 1e3 * statistics.median(times[v]), "x_baseline": ratio,
+                  "rounds": rounds}
+  return timed
+
+
+def summarise(runs: list[dict], timed: dict[str, dict]) -> list[dict]:
   """Per variant (in the order of the runs): bits per byte mean and sd over seeds, the
   difference to its comparison's baseline of the same seed in % of it (mean and sd; the
-  baseline itself: none), its sizes and costs, the median of its runs' step times, and each
-  run's wall time."""
+  baseline itself: none), its sizes and costs, its step time side by side with its
+  comparison's other variants (`timed`, from `interleaved_step_ms`; None when not timed),
+  and each run's wall time."""
   by_key = {(r["variant"], r["seed"]): r for r in runs}
   rows = []
   for variant in dict.fromkeys(r["variant"] for r in runs):
@@ -113,8 +149,7 @@ def summarise(runs: list[dict]) -> list[dict]:
            **{key: mine[0][key] for key in ("attention_params_per_layer",
                                             "attention_macs_per_layer",
                                             "attention_memory_floats_per_layer")},
-           "step_ms_median": statistics.median(r["step_ms"] for r in mine),
-           "wall_s": [r["wall_s"] for r in mine]}
+           "step": timed.get(variant), "wall_s": [r["wall_s"] for r in mine]}
     paired = [s for s in seeds if (baseline, s) in by_key]
     if variant != baseline and paired:
       diffs = [100 * (by_key[variant, s]["valid_bits_per_byte"]
@@ -131,11 +166,18 @@ def _shape_text(s: dict) -> str:
   return f"{s['n_heads']} x {s['head_dim']}{experts}{ff}"
 
 
+def step_text(step: dict | None) -> str:
+  if step is None:
+    return "- | -"
+  ratio = "-" if step["x_baseline"] is None else f"{step['x_baseline']:.2f}"
+  return f"{step['step_ms']:.0f} | {ratio}"
+
+
 def format_table(rows: list[dict]) -> str:
   lines = ["| variant | heads x Dh | seeds | valid bpb (mean +- sd) | vs baseline, % | params | "
            "attn params / layer | attn MACs / layer | attn memory / layer (floats) | "
-           "step ms (median) | wall s per run |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "step ms (side by side) | x baseline speed | wall s per run |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
   pm = lambda mean, sd, fmt: "-" if mean is None else (
       f"{mean:{fmt}}" + ("" if sd is None else f" +- {sd:{fmt.lstrip('+')}}"))
   for r in rows:
@@ -146,7 +188,7 @@ def format_table(rows: list[dict]) -> str:
         f"{r['attention_params_per_layer']:,} | "
         f"{r['attention_macs_per_layer'] / 1e6:.1f}M | "
         f"{r['attention_memory_floats_per_layer'] / 1e6:.2f}M | "
-        f"{r['step_ms_median']:.0f} | {', '.join(f'{w:.0f}' for w in r['wall_s'])} |")
+        f"{step_text(r['step'])} | {', '.join(f'{w:.0f}' for w in r['wall_s'])} |")
   return "\n".join(lines)
 
 
@@ -159,6 +201,8 @@ def main(argv=None) -> dict:
   parser.add_argument("--workdir", default="runs/switchhead_small",
                       help="where runs go; a finished run found there is not redone")
   parser.add_argument("--out", default="benchmarks/switchhead_small.json", help="JSON path")
+  parser.add_argument("--step_rounds", type=int, default=10,
+                      help="rounds of the side-by-side step timing after training (0: none)")
   args = parser.parse_args(argv)
   variants = [v for v in args.variants.split(",") if v]
   if not variants or set(variants) - set(all_variants()):
@@ -171,7 +215,8 @@ def main(argv=None) -> dict:
     for variant in variants:
       print(f"switchhead_small {variant} seed {seed}", flush=True)
       runs.append(run(variant, seed, args.steps, args.workdir))
-  rows = summarise(runs)
+  timed = interleaved_step_ms(variants, args.step_rounds) if args.step_rounds > 0 else {}
+  rows = summarise(runs, timed)
   print(format_table(rows))
   result = {"machine": machine, "args": vars(args), "summary": rows, "runs": runs}
   write_result(result, args.out)

@@ -59,13 +59,20 @@ def check_mosaic_cells_are_recorded_errors_on_cpu(out, report):
 
 
 def check_training_and_decode_rows(out, report):
-  moe, dense = report["training"]["rows"]
-  assert (moe["ff"]["kind"], dense["ff"]["kind"]) == ("sigma_moe", "dense")
-  for row in (moe, dense):
+  rows = report["training"]["rows"]
+  assert [(r["comparison"], r["model"]) for r in rows] == [
+      (comparison, name) for comparison, models in gpu_suite.TRAINING.items()
+      for name, _, _ in models]
+  kinds = {r["model"]: (r["attention"], r["ff"]["kind"]) for r in rows}
+  assert kinds["sigma_moe wt103_s"] == ("xl", "sigma_moe")
+  assert kinds["switchhead wt103_s"] == ("switchhead_xl", "dense")
+  assert kinds["moeut 44m"] == ("switchhead", "sigma_moe")
+  for row in rows:
     assert row["status"] == "ok" and row["dtype"] == "bfloat16" and row["step_ms"] > 0
     tokens = row["batch_size"] * row["seq_len"]
     assert row["tokens_per_second"] == pytest.approx(tokens / (row["step_ms"] * 1e-3))
-  assert moe["x_dense"] == pytest.approx(dense["step_ms"] / moe["step_ms"])
+    baseline = next(r for r in rows if r["comparison"] == row["comparison"])
+    assert row["x_baseline"] == pytest.approx(baseline["step_ms"] / row["step_ms"])
   assert [r["variant"] for r in report["decode"]["rows"]] == list(decode.VARIANTS)
 
 
@@ -90,13 +97,23 @@ def test_one_smoke_run_records_every_part_consistently(tmp_path):
   check_markdown_holds_every_table(out, report)
 
 
-def test_no_cell_starts_after_the_time_budget(tmp_path):
-  report = gpu_suite.main(["--smoke", "--budget_s", "0", "--out", str(tmp_path)])
+def test_no_cell_starts_after_the_time_budget_and_parts_left_out_are_skipped(tmp_path):
+  report = gpu_suite.main(["--smoke", "--budget_s", "0", "--out", str(tmp_path),
+                           "--parts=cvmm,training,decode", "--training=moeut"])
+  assert report["tests"] == {"status": "skipped: --parts"}
+  assert [r["comparison"] for r in report["training"]["rows"]] == ["moeut", "moeut"]
   assert report["cvmm"]["cells"]
   assert {c["status"] for c in report["cvmm"]["cells"]} == {"skipped: time budget"}
   assert {r["status"] for r in report["training"]["rows"]} == {"skipped: time budget"}
   assert report["decode"]["status"] == "skipped: time budget"
   assert "skipped" in (tmp_path / "gpu_suite.md").read_text()
+
+
+@pytest.mark.parametrize("flag", ["--parts=tests,training,speed", "--training=moeut,gpt"])
+def test_unknown_parts_and_comparisons_are_refused(tmp_path, flag, capsys):
+  with pytest.raises(SystemExit):
+    gpu_suite.main(["--smoke", "--out", str(tmp_path), flag])
+  assert f"{flag.split('=')[0]}: unknown" in capsys.readouterr().err
 
 
 @no_gpu

@@ -3,6 +3,7 @@ whole flow for this Python: bundle from the real index, `gpu_offline.sh --smoke`
 with no index into a fresh folder and running the suite from there."""
 
 import hashlib
+import json
 import os
 import pathlib
 import subprocess
@@ -129,8 +130,12 @@ def test_bundle_installs_with_no_index_and_runs_the_smoke_suite(tmp_path):
     assert not (tmp_path / "refused" / "gpu_suite.json").exists()
   # A wheel an older bundle left in the folder is not installed: only the lock is.
   _wheel(wheels, "stray", "1.0")
-  ran = _gpu_offline("--smoke", str(wheels), str(out), tmp_path=tmp_path)
+  # Arguments after OUT reach the suite: one training comparison, so the smoke run is short.
+  ran = _gpu_offline("--smoke", str(wheels), str(out), "--training=sigma_moe",
+                     tmp_path=tmp_path)
   assert ran.returncode == 0, (ran.stdout + ran.stderr)[-3000:]
+  suite = json.loads((out / "gpu_suite.json").read_text())
+  assert {r["comparison"] for r in suite["training"]["rows"]} == {"sigma_moe"}
   assert sorted(p.name for p in out.iterdir()) == [
       "decode.json", "environment.txt", "gpu_offline.log", "gpu_suite.json", "gpu_suite.md",
       "tune_blocks.json"]

@@ -57,7 +57,7 @@ def test_benchmark_trains_each_variant_once_and_reports_them(stdlib_slice, tmp_p
                       {"switchhead": (tiny, switchhead_small_config.VARIANTS)})
   out = tmp_path / "out.json"
   args = ["--seeds=0", "--steps=2", f"--workdir={tmp_path / 'runs'}", f"--out={out}"]
-  first = switchhead_small.main(args)
+  first = switchhead_small.main([*args, "--step_rounds=2"])
   table = capsys.readouterr().out
   saved = json.loads(out.read_text())
   assert [r["variant"] for r in saved["runs"]] == list(switchhead_small_config.VARIANTS)
@@ -72,6 +72,11 @@ def test_benchmark_trains_each_variant_once_and_reports_them(stdlib_slice, tmp_p
   assert rows["switchhead"]["diff_percent_mean"] is not None
   assert rows["switchhead"]["shape"]["attention_experts"] == 5
   assert len(rows["dense_few"]["wall_s"]) == 1
+  # Timed side by side: the baseline's paired ratio to itself is 1 in every round.
+  assert rows["dense"]["step"]["x_baseline"] == 1.0
+  for row in rows.values():
+    assert row["step"]["step_ms"] > 0 and row["step"]["rounds"] == 2
+    assert f"{row['step']['step_ms']:.0f} | {row['step']['x_baseline']:.2f} |" in table
   for variant in switchhead_small_config.VARIANTS:
     assert f"| {variant} |" in table
   assert "attn MACs / layer" in table and "2 x 6, E 5 K 2" in table
@@ -80,6 +85,8 @@ def test_benchmark_trains_each_variant_once_and_reports_them(stdlib_slice, tmp_p
     raise AssertionError(f"{workdir} was trained again")
 
   monkeypatch.setattr(switchhead_small, "train_to_completion", not_again)
-  assert switchhead_small.main(args)["runs"] == first["runs"]
+  again = switchhead_small.main([*args, "--step_rounds=0"])
+  assert again["runs"] == first["runs"]
+  assert {r["step"] for r in again["summary"]} == {None}
   with pytest.raises(SystemExit, match="--variants must be"):
     switchhead_small.main([*args, "--variants=bogus"])
