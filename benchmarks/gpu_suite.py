@@ -446,9 +446,10 @@ TRAINING = {
 
 
 def shrink_for_smoke(config) -> None:
-  """Every model alike to two layers of width 32 (heads of 16, 4 experts of 8)."""
+  """Every model alike to two layers of width 32 (at most 4 heads of 16, so that the many-
+  and few-head models stay distinct; 4 experts of 8)."""
   config.data.update(batch_size=2, seq_len=16)
-  config.model.update(d_model=32, n_layers=2, n_heads=2, head_dim=16,
+  config.model.update(d_model=32, n_layers=2, n_heads=min(config.model.n_heads, 4), head_dim=16,
                       mem_len=min(config.model.mem_len, 16))
   if config.model.get("attention_experts"):
     config.model.update(attention_experts=4, attention_k=2)
@@ -508,14 +509,21 @@ def time_training(config, steps: int) -> dict:
 
 def training_part(scale: Scale, budget: Budget, comparisons: list[str]) -> dict:
   """One row per model of `comparisons`; `x_baseline` is its comparison's baseline (first
-  model) step time over this one's."""
-  rows = []
+  model) step time over this one's. A model already timed under another name (the sigma-MoE
+  and SwitchHead papers' WT-103 S dense baselines are one model) is not compiled again: its
+  row repeats that row's numbers and says so (`same_model_as`)."""
+  rows, timed = [], {}
   for comparison, name, config in training_configs(comparisons, scale.smoke):
+    key = (config.model.to_json(sort_keys=True), config.data.batch_size, config.data.seq_len)
     row = {"comparison": comparison, "model": name, "batch_size": config.data.batch_size,
            "seq_len": config.data.seq_len, "dtype": config.model.dtype,
            "ff": config.model.ff.to_dict(), "attention": config.model.get("attention", "xl"),
            "status": "ok"}
     rows.append(row)
+    if key in timed:
+      row.update({k: v for k, v in timed[key].items() if k not in row}, status="ok",
+                 same_model_as=timed[key]["model"])
+      continue
     if budget.left("training") <= 0:
       row["status"] = "skipped: time budget"
       continue
@@ -523,6 +531,7 @@ def training_part(scale: Scale, budget: Budget, comparisons: list[str]) -> dict:
     try:
       row["params"] = model_report(config.model)["total_params"]
       row.update(time_training(config, scale.train_steps))
+      timed[key] = row
     except Exception as error:  # A config's failure is its row; the suite goes on.
       row.update(status="error", error=error_text(error))
   for comparison in comparisons:

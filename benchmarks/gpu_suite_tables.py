@@ -127,7 +127,8 @@ def training_table(part: dict | None) -> str:
                    "| - |")
       continue
     memory = row["peak_memory_bytes"]
-    lines.append(f"| {row['comparison']} | {row['model']} | {row['params']:,} | {shape} | "
+    model = row["model"] + (f" (= {row['same_model_as']})" if "same_model_as" in row else "")
+    lines.append(f"| {row['comparison']} | {model} | {row['params']:,} | {shape} | "
                  f"{row['step_ms']:.1f} | {row['tokens_per_second']:.0f} | "
                  f"{number(row.get('x_baseline'), '.2f')} | "
                  f"{number(memory and memory / 2**30, '.2f')} |")

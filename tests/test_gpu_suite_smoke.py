@@ -73,12 +73,18 @@ def check_training_and_decode_rows(out, report):
     assert row["tokens_per_second"] == pytest.approx(tokens / (row["step_ms"] * 1e-3))
     baseline = next(r for r in rows if r["comparison"] == row["comparison"])
     assert row["x_baseline"] == pytest.approx(baseline["step_ms"] / row["step_ms"])
+  # The two papers' WT-103 S dense baselines are one model, timed once.
+  same = {r["model"]: r.get("same_model_as") for r in rows}
+  assert same == {**{r["model"]: None for r in rows},
+                  "dense 10 heads wt103_s": "dense wt103_s"}
+  assert rows[2]["step_ms"] == rows[0]["step_ms"]
   assert [r["variant"] for r in report["decode"]["rows"]] == list(decode.VARIANTS)
 
 
 def check_markdown_holds_every_table(out, report):
   markdown = (out / "gpu_suite.md").read_text()
   assert markdown.count(gpu_suite_tables.CVMM_HEADER[0]) == 2
+  assert "| dense 10 heads wt103_s (= dense wt103_s) |" in markdown
   for title in ("### Training step", "### Decoding one token", "Tests on the device: Not "
                 "measured: skipped: smoke"):
     assert title in markdown
