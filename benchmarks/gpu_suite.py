@@ -167,7 +167,8 @@ def environment_part() -> dict:
 
 def tests_part(scale: Scale, out_dir: pathlib.Path, budget: Budget,
                paths: list[str]) -> dict:
-  """Runs the kernel and MoE-layer tests in a subprocess; counts from its junit XML."""
+  """Runs the tests at `paths` (the kernel, MoE-layer and SwitchHead tests by default) in a
+  subprocess; counts from its junit XML."""
   if scale.smoke:
     return {"status": "skipped: smoke"}
   timeout_s = min(TESTS_TIMEOUT_S, budget.left("tests"))
