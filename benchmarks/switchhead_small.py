@@ -35,8 +35,8 @@ from benchmarks.machine import machine_info, write_result
 from benchmarks.quality_small import mean_sd, logged_steps, step_seconds
 from benchmarks.routing_health_cost import abba_step_times, make_runner, random_batches
 from configs import moeut_small, switchhead_small
-from sparse_jax.models.accounting import attention_report, model_report
 from sparse_jax import parallel
+from sparse_jax.models.accounting import attention_report, model_report
 from sparse_jax.models.lm_config import head_dim_of, validate_model_config
 from sparse_jax.tasks.lm import LanguageModelTask
 from sparse_jax.tasks.runs import train_to_completion
