@@ -2,6 +2,7 @@
 
     python -m benchmarks.decode [--shape=800m] [--layers=4] [--out=benchmarks/decode_cpu.json]
     python -m benchmarks.decode --shape=17b --block_only --out=benchmarks/decode_17b_cpu.json
+    python -m benchmarks.decode --shape=17b --profile ...   # + each block's slowest XLA ops
 
 Times one decoded token (batch 1, a KV cache of `--context` positions, donated and updated in
 place as a decoding loop does, float32, random weights)
@@ -38,7 +39,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from benchmarks import roofline
+from benchmarks import op_profile, roofline
 from sparse_jax.layers.sparse_ff import SparseFF
 from sparse_jax.models.blocks import DecoderBlock
 from sparse_jax.models.lm import TransformerLM
@@ -126,9 +127,22 @@ def xla_flops(compiled) -> float:
   return float(analysis.get("flops", 0.0))
 
 
-def _timed(module: nnx.Module, decode_fn, cache, h, repeats: int) -> dict:
+def profile_ops(step, state, cache, x, calls: int, top: int = 12) -> list[dict]:
+  """The `top` slowest XLA operations of `step` (already compiled), in ms per call over
+  `calls` profiled calls (`op_profile.per_op_ms`), with the cache fed back as in
+  `median_seconds`."""
+  def run():
+    nonlocal cache
+    cache = jax.block_until_ready(step(state, cache, x))[1]
+
+  return [{"op": op, "ms": ms} for op, ms in op_profile.per_op_ms(run, calls)[:top]]
+
+
+def _timed(module: nnx.Module, decode_fn, cache, h, repeats: int,
+           profile: bool = False) -> dict:
   """`decode_fn(module, cache, h) -> (y, cache)` jitted with the cache donated: median
-  seconds, the bytes it must read (`bytes_read`) and XLA's FLOP count."""
+  seconds, the bytes it must read (`bytes_read`), XLA's FLOP count and, with `profile`, its
+  slowest operations (`profile_ops`)."""
   graphdef, state = nnx.split(module)
   nbytes = bytes_read(module, cache)
 
@@ -137,13 +151,18 @@ def _timed(module: nnx.Module, decode_fn, cache, h, repeats: int) -> dict:
     return decode_fn(nnx.merge(graphdef, state), cache, h_b1d)
 
   flops = xla_flops(step.lower(state, cache, h).compile())
-  return {"seconds": median_seconds(step, state, cache, h, repeats), "bytes": nbytes,
-          "flops": flops}
+  profile_cache = jax.tree.map(jnp.copy, cache) if profile else None  # `cache` is donated
+  timed = {"seconds": median_seconds(step, state, cache, h, repeats), "bytes": nbytes,
+           "flops": flops}
+  if profile:
+    timed["ops"] = profile_ops(step, state, profile_cache, h, repeats)
+  return timed
 
 
-def time_block(cfg, context: int, repeats: int) -> dict[str, dict]:
-  """One block's `decode` of a token after `context` cached ones (`_timed`), and its two
-  halves alone: the attention (with its cache) and the FF (its sparse decode path if any)."""
+def time_block(cfg, context: int, repeats: int, profile: bool = False) -> dict[str, dict]:
+  """One block's `decode` of a token after `context` cached ones (`_timed`, profiled with
+  `profile`), and its two halves alone: the attention (with its cache) and the FF (its
+  sparse decode path if any)."""
   block = DecoderBlock(validate_model_config(cfg), rngs=nnx.Rngs(0))
   block.eval()
   position = jnp.int32(context)
@@ -151,7 +170,8 @@ def time_block(cfg, context: int, repeats: int) -> dict[str, dict]:
   h = jax.random.normal(jax.random.key(0), (1, 1, cfg.d_model))
   ff_decode = lambda ff, x: ff.decode(x) if ff.has_sparse_decode else ff(x)[0]
   return {
-      "block": _timed(block, lambda m, c, x: m.decode(x, c, position), new_cache(), h, repeats),
+      "block": _timed(block, lambda m, c, x: m.decode(x, c, position), new_cache(), h, repeats,
+                      profile),
       "attn": _timed(block.attn, lambda m, c, x: m.decode(x, c, position), new_cache(), h,
                      repeats),
       "ff": _timed(block.ff, lambda m, c, x: (ff_decode(m, x), c), (), h, repeats)}
@@ -192,6 +212,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help="Timed calls per measurement (default 50; 10 for 17b).")
   parser.add_argument("--bandwidth_mib", type=int, default=1024,
                       help="Array size of the bandwidth measurement the bounds use.")
+  parser.add_argument("--profile", action="store_true",
+                      help="Also profile each block's decode: its slowest XLA operations.")
   parser.add_argument("--out", default="benchmarks/decode_cpu.json")
   args = parser.parse_args(argv)
   args.block_only = args.block_only or args.shape == "17b"
@@ -202,7 +224,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 def measure(variant: str, args: argparse.Namespace, shape: dict, peaks: dict) -> dict:
   cfg = model_config(variant, shape, args.layers, args.d_lowrank)
   row = {"variant": variant, "d_ff": cfg.ff.d_ff}
-  for part, timed in time_block(cfg, args.context, args.repeats).items():
+  for part, timed in time_block(cfg, args.context, args.repeats, args.profile).items():
+    if "ops" in timed:
+      row["block_ops"] = timed["ops"]
     bytes_ms = 1000 * timed["bytes"] / (peaks["read_gb_s"] * 1e9)
     flops_ms = 1000 * timed["flops"] / (peaks["matmul_gflop_s"] * 1e9)
     prefix = "" if part == "block" else f"{part}_"
@@ -242,6 +266,14 @@ def print_table(rows: list[dict], paper: dict | None) -> None:
     print(line)
 
 
+def print_profiles(rows: list[dict]) -> None:
+  """Each profiled block's slowest operations, ms per call (names as in the compiled HLO)."""
+  for r in rows:
+    if "block_ops" in r:
+      print(f"{r['variant']} block ({r['block_ms']:.3f} ms): " + ", ".join(
+          f"{o['op']} {o['ms']:.3f}" for o in r["block_ops"]))
+
+
 def main(argv=None) -> dict:
   args = parse_args(argv)
   shape = shape_of(args)
@@ -251,6 +283,7 @@ def main(argv=None) -> dict:
   rows = [measure(name, args, shape, peaks) for name in VARIANTS]
   paper = PAPER_BLOCK_MS[args.shape] if shape == SHAPES[args.shape] else None
   print_table(rows, paper)
+  print_profiles(rows)
   result = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, "
                        f"{jax.default_backend()}", "jax": jax.__version__, **vars(args),
             "shape_fields": shape, "paper_block_ms": paper, "measured_peaks": peaks,

@@ -65,3 +65,17 @@ def test_paper_shapes_validate_as_model_configs():
   assert (small.ff.d_ff, small.attention_sparsity) == (6144, None)  # the paper's 4096 -> 6144
   dense = validate_model_config(decode.model_config("dense", decode.SHAPES["17b"], 1))
   assert (dense.attention, dense.ff.kind, dense.ff.d_ff) == ("causal", "dense", 49152)
+
+
+def test_profile_lists_each_blocks_slowest_xla_operations(tmp_path, capsys):
+  """`--profile` names operations of the compiled block (checked against its HLO text) with
+  positive times; a SparseFF block's profile includes its row gathers."""
+  out = tmp_path / "decode.json"
+  result = decode.main(["--d_model=32", "--n_heads=4", "--d_ff=64", "--block_size=8",
+                        "--block_only", "--context=4", "--repeats=3", "--bandwidth_mib=4",
+                        "--profile", f"--out={out}"])
+  for row in result["rows"]:
+    assert row["block_ops"] and all(op["ms"] > 0 for op in row["block_ops"]), row["variant"]
+  sparse = next(r for r in result["rows"] if r["variant"] == "sparse_ff")
+  assert any("gather" in op["op"] for op in sparse["block_ops"])
+  assert "sparse_ff_qkv block (" in capsys.readouterr().out
