@@ -44,6 +44,17 @@ def straight_through(hard: jax.Array, soft: jax.Array) -> jax.Array:
   return hard + soft - jax.lax.stop_gradient(soft)
 
 
+def first_max_index(x: jax.Array) -> jax.Array:
+  """`argmax(x, -1)` as int32 (the first maximum on ties), computed as the least index where
+  `x` equals its maximum: XLA:CPU runs `jnp.argmax` as a scalar two-value reduction, about 2x
+  slower at the 17B decode shape (`[264, 256]`: 0.22 vs 0.09 ms). A row holding NaN gives its
+  last index (`jnp.argmax`: the first NaN's); its output is NaN either way."""
+  n = x.shape[-1]
+  is_max = x == jnp.max(x, axis=-1, keepdims=True)
+  first = jnp.min(jnp.where(is_max, jnp.arange(n, dtype=jnp.int32), n), axis=-1)
+  return jnp.minimum(first, n - 1)
+
+
 def block_mask(logits: jax.Array, gumbel: jax.Array, use_hard: jax.Array, *,
                temperature: float, soft_mask: str,
                choice: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
@@ -58,7 +69,7 @@ def block_mask(logits: jax.Array, gumbel: jax.Array, use_hard: jax.Array, *,
   noisy = logits + temperature * gumbel
   soft = jax.nn.softmax(noisy if soft_mask == "noisy" else logits, axis=-1)
   if choice is None:
-    choice = jnp.argmax(noisy, -1).astype(jnp.int32)
+    choice = first_max_index(noisy)
   hard = jax.nn.one_hot(choice, logits.shape[-1], dtype=soft.dtype)
   return jnp.where(use_hard, straight_through(hard, soft), soft), choice
 
@@ -127,7 +138,7 @@ class SparseFF(FeedForward):
     logits = self.controller_logits(x)
     if self.deterministic:
       if choice is None:
-        choice = jnp.argmax(logits, -1).astype(jnp.int32)
+        choice = first_max_index(logits)
       hard = jax.nn.one_hot(choice, self.block_size, dtype=jnp.float32)
       return hard.reshape(*x.shape[:-1], self.d_ff), choice
     if gumbel is None or use_hard is None:
@@ -176,7 +187,7 @@ class SparseFF(FeedForward):
     The chosen unit's mask value is 1, so both placements give `ReLU(x W1[:, u] (+ b1[u]))`.
     """
     dtype = x.dtype
-    choice = jnp.argmax(self.controller_logits(x), axis=-1)  # [..., blocks]
+    choice = first_max_index(self.controller_logits(x))  # [..., blocks]
     units = jnp.arange(0, self.d_ff, self.block_size) + choice  # [..., blocks]
     # `units` are in range by construction: "clip" spares the gather's out-of-range fill
     # (a select over every gathered row).

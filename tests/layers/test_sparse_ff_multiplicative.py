@@ -17,7 +17,7 @@ from jax.test_util import check_grads
 
 from sparse_jax.layers import registry
 from sparse_jax.layers.multiplicative_dense import MultiplicativeDense
-from sparse_jax.layers.sparse_ff import SparseFF, straight_through
+from sparse_jax.layers.sparse_ff import SparseFF, first_max_index, straight_through
 from sparse_jax.validation import ConfigError
 
 D, D_FF, N, R = 12, 48, 8, 6
@@ -201,6 +201,22 @@ def test_replayed_choice_fixes_the_hard_units(training):
   np.testing.assert_array_equal(echoed, replay)
   want = np_forward(p, x, np.eye(N)[replay].reshape(*LEAD, D_FF), "pre_relu")
   np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_first_max_index_is_numpys_argmax_ties_included(dtype):
+  """Against `np.argmax` (the first maximum wins), on values drawn from 4 levels so that most
+  rows tie, on continuous values, and on one-unit blocks; a NaN row gives its last index."""
+  rng = np.random.default_rng(3)
+  for x in (rng.integers(0, 4, size=(6, 7, 9)).astype(np.float32),
+            rng.normal(size=(5, 264, 16)).astype(np.float32),
+            rng.normal(size=(4, 1)).astype(np.float32)):
+    got = first_max_index(jnp.asarray(x, dtype))
+    want = np.argmax(np.asarray(jnp.asarray(x, dtype), np.float64), axis=-1)
+    assert got.dtype == jnp.int32
+    np.testing.assert_array_equal(np.asarray(got), want)
+  nan_row = jnp.asarray([[1.0, jnp.nan, 3.0], [2.0, 5.0, 5.0]], dtype)
+  np.testing.assert_array_equal(np.asarray(first_max_index(nan_row)), [2, 1])
 
 
 def test_straight_through_gradient_is_the_soft_gradient():
