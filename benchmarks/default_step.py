@@ -14,12 +14,12 @@ import argparse
 import statistics
 
 import jax
+import numpy as np
 
+from benchmarks.lm_train_step import LMTrainStep, abba_step_times
 from benchmarks.machine import machine_info, write_result
-from benchmarks.routing_health_cost import abba_step_times, make_runner, random_batches
 from configs import default, default_dense
 from sparse_jax import parallel
-from sparse_jax.tasks.lm import LanguageModelTask
 
 
 def bench_configs(preset: str) -> dict:
@@ -44,11 +44,11 @@ def main(argv=None) -> dict:
   args = parser.parse_args(argv)
   machine = machine_info()
   configs = bench_configs(args.preset)
-  batches = random_batches(configs["dense"])
   mesh = parallel.make_mesh([1, 1, 1])
   with jax.set_mesh(mesh):
-    runs = {name: make_runner(config, LanguageModelTask(config).loss, mesh)
-            for name, config in configs.items()}
+    runs = {name: LMTrainStep(config, mesh) for name, config in configs.items()}
+    rng = np.random.default_rng(0)
+    batches = [runs["dense"].random_batch(rng) for _ in range(4)]
     times = abba_step_times(runs, batches, args.rounds)
   step_ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
   ratio = statistics.median(d / m for d, m in zip(times["dense"], times["sigma_moe"]))

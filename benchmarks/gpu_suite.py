@@ -57,17 +57,14 @@ import jax
 import jax.numpy as jnp
 import jaxlib
 import numpy as np
-from flax import nnx
 
 from benchmarks import cvmm as cvmm_benchmark
 from benchmarks import decode, gpu_suite_tables, roofline
+from benchmarks.lm_train_step import LMTrainStep
 from configs import moeut_paper, sigma_moe_paper, switchhead_paper, wt103_s_dense
 from pallas_kernels import IMPLS, cvmm
 from sparse_jax import parallel
 from sparse_jax.models.accounting import model_report
-from sparse_jax.tasks.lm import LanguageModelTask, build_model_and_optimizer
-from sparse_jax.training.placement import Placement
-from sparse_jax.training.steps import make_train_step
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # When each part stops starting cells, as a fraction of --budget_s from the start. A cell
@@ -479,30 +476,18 @@ def training_configs(comparisons: list[str], smoke: bool) -> list[tuple[str, str
 def time_training(config, steps: int) -> dict:
   """Median time of the jitted training step on one device, fed random tokens, after one
   warm-up step; the compiled step's peak memory."""
-  task = LanguageModelTask(config)
-  batch_size, seq_len = config.data.batch_size, config.data.seq_len
   mesh = parallel.make_mesh([1, 1, 1])
-  placement = Placement(mesh)
-  model, optimizer = placement.create(lambda: build_model_and_optimizer(task.typed))
-  memory = placement.create_memory(lambda: model.init_memory(batch_size))
-  graphdef, state = nnx.split((model, optimizer))
-  step_fn = make_train_step(graphdef, task.loss, seed=task.typed.seed,
-                            out_shardings=(placement.state_shardings(state),
-                                           placement.memory_shardings(),
-                                           parallel.replicated(mesh)))
-  tokens_bs = np.random.default_rng(0).integers(0, config.model.vocab_size,
-                                                (batch_size, seq_len + 1), np.int32)
-  batch = placement.global_batch({"inputs": tokens_bs[:, :-1], "targets": tokens_bs[:, 1:]},
-                                 batch_size)
+  step_fn = LMTrainStep(config, mesh)
+  batch = step_fn.random_batch(np.random.default_rng(0))
+  compiled = step_fn.compile(batch)
+  times = []
   with jax.set_mesh(mesh):
-    compiled = step_fn.lower(state, memory, batch, 0).compile()
-    times = []
     for step in range(steps + 1):
       start = time.perf_counter()
-      state, memory, metrics = compiled(state, memory, batch, step)
-      jax.block_until_ready(metrics)
+      metrics = step_fn(batch, step)
       times.append(time.perf_counter() - start)
   step_ms = 1e3 * statistics.median(times[1:])
+  batch_size, seq_len = config.data.batch_size, config.data.seq_len
   return {"step_ms": step_ms, "tokens_per_second": batch_size * seq_len / step_ms * 1e3,
           "peak_memory_bytes": cvmm_benchmark.peak_memory_bytes(compiled),
           "loss": float(metrics["loss"])}

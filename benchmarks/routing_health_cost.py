@@ -21,16 +21,14 @@ import time
 
 import jax
 import numpy as np
-from flax import nnx
 
+from benchmarks.lm_train_step import LMTrainStep, abba_step_times
 from benchmarks.machine import machine_info, write_result
 from configs import default
 from sparse_jax import parallel
-from sparse_jax.tasks.lm import LanguageModelTask, build_model_and_optimizer
+from sparse_jax.tasks.lm import LanguageModelTask
 from sparse_jax.training.loop import MetricsWindow
-from sparse_jax.training.placement import Placement
 from sparse_jax.training.routing_health import PREFIX, RoutingHealth
-from sparse_jax.training.steps import make_train_step
 
 
 def bench_config(preset: str):
@@ -53,52 +51,6 @@ def without_routing(loss_fn):
     return value, ({k: v for k, v in metrics.items() if not k.startswith(PREFIX)}, new_carry)
 
   return loss
-
-
-def make_runner(config, loss_fn, mesh):
-  """A closure running one training step of its own copy of the model (seed `config.seed`),
-  returning the step's metrics once they are computed."""
-  placement = Placement(mesh)
-  model, optimizer = placement.create(lambda: build_model_and_optimizer(config))
-  memory = placement.create_memory(lambda: model.init_memory(config.data.batch_size))
-  graphdef, state = nnx.split((model, optimizer))
-  step_fn = make_train_step(graphdef, loss_fn, seed=config.seed,
-                            out_shardings=(placement.state_shardings(state),
-                                           placement.memory_shardings(),
-                                           parallel.replicated(mesh)))
-  carry = [state, memory]
-
-  def run(batch, step):
-    carry[0], carry[1], metrics = step_fn(carry[0], carry[1], batch, step)
-    return jax.block_until_ready(metrics)
-
-  return run
-
-
-def random_batches(config, count: int = 4) -> list[dict]:
-  """`count` batches of uniformly random tokens of the config's shape (seed 0)."""
-  rng = np.random.default_rng(0)
-  batches = []
-  for _ in range(count):
-    tokens = rng.integers(0, config.model.vocab_size,
-                          (config.data.batch_size, config.data.seq_len + 1), np.int32)
-    batches.append({"inputs": tokens[:, :-1], "targets": tokens[:, 1:]})
-  return batches
-
-
-def abba_step_times(runs: dict, batches: list, rounds: int) -> dict[str, list[float]]:
-  """Seconds of each step of `on` and `off`, alternating on-off, off-on, ... after one
-  compiling call each."""
-  for run in runs.values():
-    run(batches[0], 0)
-  times = {name: [] for name in runs}
-  for i in range(rounds):
-    order = list(runs) if i % 2 == 0 else list(runs)[::-1]
-    for name in order:
-      start = time.perf_counter()
-      runs[name](batches[i % len(batches)], i + 1)
-      times[name].append(time.perf_counter() - start)
-  return times
 
 
 def host_seconds_per_log(metrics: dict, log_every: int, repeats: int) -> float:
@@ -152,10 +104,11 @@ def main(argv=None) -> dict:
   config = bench_config(args.preset)
   task = LanguageModelTask(config)
   mesh = parallel.make_mesh([1, 1, 1])
-  batches = random_batches(config)
   with jax.set_mesh(mesh):
-    runs = {"on": make_runner(config, task.loss, mesh),
-            "off": make_runner(config, without_routing(task.loss), mesh)}
+    runs = {"on": LMTrainStep(config, mesh),
+            "off": LMTrainStep(config, mesh, loss_fn=without_routing(task.loss))}
+    rng = np.random.default_rng(0)
+    batches = [runs["on"].random_batch(rng) for _ in range(4)]
     times = abba_step_times(runs, batches, args.rounds)
     metrics = {name: run(batches[0], args.rounds + 1) for name, run in runs.items()}
   log_every = config.train.log_every

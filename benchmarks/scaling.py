@@ -23,13 +23,10 @@ if __name__ == "__main__":  # before any JAX operation creates the CPU backend
   jax.config.update("jax_num_cpu_devices", 8)
 
 import numpy as np
-from flax import nnx
 
+from benchmarks.lm_train_step import LMTrainStep
 from configs import default
 from sparse_jax import parallel
-from sparse_jax.tasks.lm import LanguageModelTask, build_model_and_optimizer
-from sparse_jax.training.placement import Placement
-from sparse_jax.training.steps import make_train_step
 
 AXES = {"data": 0, "fsdp": 1, "expert": 2}
 
@@ -45,24 +42,14 @@ def bench_config(d_model: int, batch: int, seq_len: int):
 
 def time_steps(config, mesh, steps: int) -> float:
   """Median seconds of a training step on `mesh` (random tokens; compile excluded)."""
-  placement = Placement(mesh)
-  model, optimizer = placement.create(lambda: build_model_and_optimizer(config))
-  memory = placement.create_memory(lambda: model.init_memory(config.data.batch_size))
-  graphdef, state = nnx.split((model, optimizer))
-  step_fn = make_train_step(graphdef, LanguageModelTask(config).loss, seed=config.seed,
-                            out_shardings=(placement.state_shardings(state),
-                                           placement.memory_shardings(),
-                                           parallel.replicated(mesh)))
+  step_fn = LMTrainStep(config, mesh)
   rng = np.random.default_rng(0)
   times = []
   with jax.set_mesh(mesh):
     for i in range(steps + 1):
-      tokens = rng.integers(0, 256, (config.data.batch_size, config.data.seq_len + 1), np.int32)
-      batch = placement.global_batch({"inputs": tokens[:, :-1], "targets": tokens[:, 1:]},
-                                     config.data.batch_size)
+      batch = step_fn.random_batch(rng)
       start = time.perf_counter()
-      state, memory, metrics = step_fn(state, memory, batch, i)
-      jax.block_until_ready(metrics)
+      step_fn(batch, i)
       times.append(time.perf_counter() - start)
   return statistics.median(times[1:])
 

@@ -30,15 +30,15 @@ import statistics
 import time
 
 import jax
+import numpy as np
 
+from benchmarks.lm_train_step import LMTrainStep, abba_step_times
 from benchmarks.machine import machine_info, write_result
 from benchmarks.quality_small import mean_sd, logged_steps, step_seconds
-from benchmarks.routing_health_cost import abba_step_times, make_runner, random_batches
 from configs import moeut_small, switchhead_small
 from sparse_jax import parallel
 from sparse_jax.models.accounting import attention_report, model_report
 from sparse_jax.models.lm_config import head_dim_of, validate_model_config
-from sparse_jax.tasks.lm import LanguageModelTask
 from sparse_jax.tasks.runs import train_to_completion
 
 # comparison: (get_config(variant) of its config file, its variants; the first is the baseline
@@ -119,8 +119,10 @@ def interleaved_step_ms(variants: list[str], rounds: int) -> dict[str, dict]:
     for config in configs.values():
       config.mesh.data = 1
     with jax.set_mesh(mesh):
-      runners = {v: make_runner(c, LanguageModelTask(c).loss, mesh) for v, c in configs.items()}
-      times = abba_step_times(runners, random_batches(configs[chosen[0]]), rounds)
+      steps = {v: LMTrainStep(c, mesh) for v, c in configs.items()}
+      rng = np.random.default_rng(0)
+      batches = [steps[chosen[0]].random_batch(rng) for _ in range(4)]
+      times = abba_step_times(steps, batches, rounds)
     baseline = comparison_variants[0]
     for v in chosen:
       ratio = (statistics.median(b / t for b, t in zip(times[baseline], times[v]))
