@@ -28,7 +28,7 @@ def _xla_op_events(xplane_path: str):
       if not line.name.startswith("tf_XLA"):
         continue
       for event in line.events:
-        if "::" not in event.name:
+        if "::" not in event.name and not event.name.startswith("end: "):
           yield event.name, event.duration_ns
 
 

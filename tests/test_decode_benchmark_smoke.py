@@ -3,10 +3,11 @@
 import json
 import sys
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from benchmarks import decode
+from benchmarks import decode, op_profile
 from sparse_jax.models.blocks import DecoderBlock
 from sparse_jax.models.lm_config import validate_model_config
 
@@ -48,12 +49,15 @@ def test_block_only_run_with_attention_sparsity_below_the_heads(tmp_path, capsys
   out = tmp_path / "decode_17b.json"
   result = decode.main(["--shape=17b", "--d_model=24", "--n_heads=6", "--attention_sparsity=4",
                         "--d_ff=64", "--block_size=8", "--context=4", "--repeats=2",
-                        "--bandwidth_mib=4", f"--out={out}"])
+                        "--bandwidth_mib=4", "--profile", f"--out={out}"])
   assert json.loads(out.read_text()) == result and result["block_only"]
+  for row in result["rows"]:  # `--profile`: each block's slowest operations
+    assert row["block_ops"] and all(op["ms"] > 0 for op in row["block_ops"]), row["variant"]
   assert [r["d_ff"] for r in result["rows"]] == [64, 64, 112, 112]  # + 2 d_model for QKV
   assert all(r["block_ms"] > 0 and "model_ms" not in r for r in result["rows"])
   assert result["paper_block_ms"] is None  # overridden shape: no paper column
-  assert "paper x" not in capsys.readouterr().out
+  printed = capsys.readouterr().out
+  assert "paper x" not in printed and "sparse_ff_qkv block (" in printed
 
 
 def test_paper_shapes_validate_as_model_configs():
@@ -67,15 +71,16 @@ def test_paper_shapes_validate_as_model_configs():
   assert (dense.attention, dense.ff.kind, dense.ff.d_ff) == ("causal", "dense", 49152)
 
 
-def test_profile_lists_each_blocks_slowest_xla_operations(tmp_path, capsys):
-  """`--profile` names operations of the compiled block (checked against its HLO text) with
-  positive times; a SparseFF block's profile includes its row gathers."""
-  out = tmp_path / "decode.json"
-  result = decode.main(["--d_model=32", "--n_heads=4", "--d_ff=64", "--block_size=8",
-                        "--block_only", "--context=4", "--repeats=3", "--bandwidth_mib=4",
-                        "--profile", f"--out={out}"])
-  for row in result["rows"]:
-    assert row["block_ops"] and all(op["ms"] > 0 for op in row["block_ops"]), row["variant"]
-  sparse = next(r for r in result["rows"] if r["variant"] == "sparse_ff")
-  assert any("gather" in op["op"] for op in sparse["block_ops"])
-  assert "sparse_ff_qkv block (" in capsys.readouterr().out
+def test_op_profile_names_the_compiled_programs_operations():
+  """Every profiled name is an instruction of the compiled HLO, and the slowest one (the
+  matmul) takes longer on a 512^2 matrix than on a 128^2 one (64x the multiply-adds)."""
+  small, big = (jnp.ones((n, n), jnp.float32) for n in (128, 512))
+  matmul = jax.jit(lambda a: jnp.tanh(a @ a))
+  for x in (small, big):
+    jax.block_until_ready(matmul(x))
+  hlo = matmul.lower(big).compile().as_text()
+  ops = op_profile.per_op_ms(lambda: jax.block_until_ready(matmul(big)), calls=5)
+  assert len(ops) >= 2 and all(f"%{name} = " in hlo for name, _ in ops), ops
+  slowest, slowest_ms = ops[0]
+  small_ops = dict(op_profile.per_op_ms(lambda: jax.block_until_ready(matmul(small)), 5))
+  assert slowest_ms > 2 * small_ops[slowest]

@@ -6,7 +6,23 @@ import json
 from benchmarks import length_generalization
 
 
-def test_ablation_run_scores_both_splits_and_is_not_redone(tmp_path, capsys):
+def tiny(get_config):
+  """`get_config` with 1 + 1 layers of width 32 and a few examples, so the smoke test
+  compiles and scores quickly."""
+
+  def get(arg: str):
+    config = get_config(arg)
+    config.model.update(d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1)
+    config.data.update(batch_size=8, n_eval=8)
+    config.eval.update(batch_size=8, max_batches=1, max_examples=8)
+    return config
+
+  return get
+
+
+def test_ablation_run_scores_both_splits_and_is_not_redone(tmp_path, capsys, monkeypatch):
+  monkeypatch.setattr(length_generalization.terraformer_arithmetic, "get_config",
+                      tiny(length_generalization.terraformer_arithmetic.get_config))
   args = ["--tasks=copy", "--models=terraformer_sinusoid", "--steps=2", "--scale=16",
           f"--workdir={tmp_path / 'runs'}", f"--out={tmp_path / 'out.json'}"]
   length_generalization.main(args)
