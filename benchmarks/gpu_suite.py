@@ -477,14 +477,14 @@ def time_training(config, steps: int) -> dict:
   """Median time of the jitted training step on one device, fed random tokens, after one
   warm-up step; the compiled step's peak memory."""
   mesh = parallel.make_mesh([1, 1, 1])
-  step_fn = LMTrainStep(config, mesh)
-  batch = step_fn.random_batch(np.random.default_rng(0))
-  compiled = step_fn.compile(batch)
+  train_step = LMTrainStep(config, mesh)
+  batch = train_step.random_batch(np.random.default_rng(0))
+  compiled = train_step.compile(batch)
   times = []
   with jax.set_mesh(mesh):
     for step in range(steps + 1):
       start = time.perf_counter()
-      metrics = step_fn(batch, step)
+      metrics = train_step(batch, step)
       times.append(time.perf_counter() - start)
   step_ms = 1e3 * statistics.median(times[1:])
   batch_size, seq_len = config.data.batch_size, config.data.seq_len

@@ -42,14 +42,14 @@ def bench_config(d_model: int, batch: int, seq_len: int):
 
 def time_steps(config, mesh, steps: int) -> float:
   """Median seconds of a training step on `mesh` (random tokens; compile excluded)."""
-  step_fn = LMTrainStep(config, mesh)
+  train_step = LMTrainStep(config, mesh)
   rng = np.random.default_rng(0)
   times = []
   with jax.set_mesh(mesh):
     for i in range(steps + 1):
-      batch = step_fn.random_batch(rng)
+      batch = train_step.random_batch(rng)
       start = time.perf_counter()
-      step_fn(batch, i)
+      train_step(batch, i)
       times.append(time.perf_counter() - start)
   return statistics.median(times[1:])
 
