@@ -11,7 +11,8 @@ the validation split (train lengths). `--models` may add `terraformer_sinusoid`,
 the Terraformer with fixed sinusoids from position 0 instead of Trax's fixed-base positions.
 Prints per-digit and whole-sequence accuracy beside the paper's. Runs already in `--out` are
 skipped and every run resumes from its checkpoints, so the comparison can be finished by
-later invocations (`train_minutes` then covers the last one).
+later invocations (`train_minutes` then covers the last one, which started after
+`resumed_after_step`).
 """
 
 import argparse
@@ -22,6 +23,7 @@ import time
 
 import jax
 
+from benchmarks.quality_small import logged_steps
 from configs import terraformer_arithmetic
 from sparse_jax.tasks.runs import evaluate_checkpoint, train_to_completion
 
@@ -46,6 +48,7 @@ def run(task: str, model: str, steps: int | None, scale: int, workdir: str) -> d
     config.train.steps = steps
   scaled_lengths(config.data, scale)
   path = os.path.join(workdir, f"{task}_{model}")
+  resumed_from = logged_steps(path)
   started = time.perf_counter()
   train_to_completion(config, path)
   minutes = (time.perf_counter() - started) / 60
@@ -54,7 +57,7 @@ def run(task: str, model: str, steps: int | None, scale: int, workdir: str) -> d
   return {"task": task, "model": model, "steps": config.train.steps,
           "train_digits": [config.data.train_min_len, config.data.train_max_len],
           "test_digits": [config.data.test_min_len, config.data.test_max_len],
-          "train_minutes": minutes,
+          "train_minutes": minutes, "resumed_after_step": resumed_from,
           **{f"{split}_{metric}": scores[split][metric] for split in scores
              for metric in ("per_digit_accuracy", "sequence_accuracy")},
           "paper_per_digit_accuracy": paper_digit, "paper_sequence_accuracy": paper_seq}
@@ -64,6 +67,12 @@ def _score(value: float | None) -> str:
   return "-" if value is None else f"{value:.3f}"
 
 
+def _minutes(row: dict) -> str:
+  """Training minutes of the last invocation, with the step it resumed after, if any."""
+  resumed = row.get("resumed_after_step", 0)
+  return f"{row['train_minutes']:.1f}" + (f" (after {resumed})" if resumed else "")
+
+
 def print_table(rows: list[dict]) -> None:
   print("| task | model | steps | train digits | test digits | train min | valid digit | valid seq | test digit | test seq "
         "| paper digit | paper seq |")
@@ -71,7 +80,7 @@ def print_table(rows: list[dict]) -> None:
   for r in rows:
     print(f"| {r['task']} | {r['model']} | {r['steps']} | {r['train_digits'][0]}-"
           f"{r['train_digits'][1]} | {r['test_digits'][0]}-{r['test_digits'][1]} "
-          f"| {r['train_minutes']:.1f} "
+          f"| {_minutes(r)} "
           f"| {r['validation_per_digit_accuracy']:.3f} | {r['validation_sequence_accuracy']:.3f} "
           f"| {r['test_per_digit_accuracy']:.3f} | {r['test_sequence_accuracy']:.3f} "
           f"| {_score(r['paper_per_digit_accuracy'])} | {_score(r['paper_sequence_accuracy'])} |")
