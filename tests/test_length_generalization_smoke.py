@@ -3,7 +3,9 @@ not checked here): the ablation model trains, scores both splits and is skipped 
 
 import json
 
-from benchmarks import length_generalization
+import numpy as np
+
+from benchmarks import length_generalization, seq2seq_answers
 
 
 def tiny(get_config):
@@ -36,3 +38,22 @@ def test_ablation_run_scores_both_splits_and_is_not_redone(tmp_path, capsys, mon
   length_generalization.main(args)  # finished: read back, not retrained
   assert json.loads((tmp_path / "out.json").read_text())["rows"] == rows
   assert "| copy | terraformer_sinusoid | 2 |" in capsys.readouterr().out
+  answers = seq2seq_answers.main([str(tmp_path / "runs" / "copy_terraformer_sinusoid"),
+                                  "--examples=2", f"--out={tmp_path / 'answers.json'}"])
+  assert len(answers) == 2 and all(16 <= r["target_len"] <= 18 for r in answers)
+  assert json.loads((tmp_path / "answers.json").read_text())["rows"] == answers
+
+
+def test_answer_errors_tell_early_stops_slips_and_repeats_apart():
+  """Hand-made answers to the target 2 3 4 5 6 7 (EOS 1, PAD 0 after it)."""
+  target = np.array([2, 3, 4, 5, 6, 7, 1, 0])
+  errors = seq2seq_answers.answer_errors
+  assert errors(target, target) == {"target_len": 6, "answer_len": 6, "first_error": 6,
+                                    "aligned": None, "skipped": None, "repeated": None}
+  stopped = errors(target, np.array([2, 3, 4, 1, 0, 0, 0, 0]))
+  assert (stopped["answer_len"], stopped["first_error"], stopped["aligned"]) == (3, 3, None)
+  skipped = errors(target, np.array([2, 3, 5, 6, 7, 1, 0, 0]))  # dropped the 4
+  assert (skipped["first_error"], skipped["skipped"], skipped["aligned"]) == (2, 1.0, 0.0)
+  repeated = errors(target, np.array([2, 3, 3, 4, 5, 6, 7, 1]))  # wrote the 3 twice
+  assert (repeated["first_error"], repeated["repeated"]) == (2, 1.0)
+  assert errors(target, np.array([9, 3, 4, 5, 6, 7, 1, 0]))["aligned"] == 5 / 6  # one wrong

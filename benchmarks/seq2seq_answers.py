@@ -1,0 +1,96 @@
+"""Where a sequence-to-sequence run's greedy answers go wrong, example by example.
+
+    python -m benchmarks.seq2seq_answers WORKDIR [--split=test] [--examples=8] [--out=FILE]
+
+Restores WORKDIR's latest checkpoint (`sparse_jax.tasks.runs.load`), answers the first
+`--examples` of `--split` greedily (`Terraformer.greedy_decode`, as `eval.py` scores them)
+and prints, per example, the lengths of the target and the answer (tokens before EOS), the
+position of the first wrong token, and how much of the answer after it agrees with the target
+aligned, with one target token skipped, or with one answer token repeated. This tells the ways
+a model that fails beyond its training lengths can fail apart: it stops early (EOS near the
+lengths it was trained on), it is wrong from the start, or it slips by a token and is right
+after that. Writes the rows as JSON.
+"""
+
+import argparse
+import json
+
+import jax
+import numpy as np
+from flax import nnx
+
+from sparse_jax.data.arithmetic import EOS
+from sparse_jax.tasks import task_for
+from sparse_jax.tasks.runs import load
+
+
+def before_eos(tokens_t: np.ndarray) -> np.ndarray:
+  """The tokens before the first EOS (all of them without one)."""
+  ends = np.flatnonzero(tokens_t == EOS)
+  return tokens_t[:ends[0]] if ends.size else tokens_t
+
+
+def _agreement(a: np.ndarray, b: np.ndarray) -> float | None:
+  """The fraction of equal tokens over the shorter of `a` and `b` (None when empty)."""
+  n = min(len(a), len(b))
+  return float(np.mean(a[:n] == b[:n])) if n else None
+
+
+def answer_errors(target_t: np.ndarray, answer_t: np.ndarray) -> dict:
+  """How `answer_t` departs from `target_t` (both token ids, cut at EOS here): their lengths,
+  the first position where they differ (the shorter length if one is a prefix of the other),
+  and, from there on, the agreement of the answer with the target `aligned`, `skipped` (the
+  target one token ahead: the answer dropped a token) and `repeated` (the answer one token
+  ahead: it wrote a token twice); None where nothing is left to compare."""
+  target, answer = before_eos(np.asarray(target_t)), before_eos(np.asarray(answer_t))
+  n = min(len(target), len(answer))
+  differ = np.flatnonzero(target[:n] != answer[:n])
+  first = int(differ[0]) if differ.size else n
+  return {"target_len": len(target), "answer_len": len(answer), "first_error": first,
+          "aligned": _agreement(answer[first:], target[first:]),
+          "skipped": _agreement(answer[first:], target[first + 1:]),
+          "repeated": _agreement(answer[first + 1:], target[first:])}
+
+
+def inspect(workdir: str, split: str, examples: int) -> list[dict]:
+  """`answer_errors` of the latest checkpoint's greedy answers to `split`'s first
+  `examples` examples."""
+  model, config = load(workdir)
+  arrays = task_for(config).data.eval_arrays(split, examples)
+  inputs_bs, targets_bt = arrays["inputs"][:examples], arrays["targets"][:examples]
+  graphdef, state = nnx.split(model)
+  decode = jax.jit(lambda state, inputs_bs: nnx.merge(graphdef, state).greedy_decode(
+      inputs_bs, targets_bt.shape[1]))
+  answers_bt = np.asarray(decode(state, inputs_bs))
+  return [answer_errors(t, a) for t, a in zip(targets_bt, answers_bt)]
+
+
+def _share(value: float | None) -> str:
+  return "-" if value is None else f"{value:.2f}"
+
+
+def print_table(rows: list[dict]) -> None:
+  print("| example | target len | answer len | first error | aligned | skipped | repeated |")
+  print("|---:|---:|---:|---:|---:|---:|---:|")
+  for i, r in enumerate(rows):
+    print(f"| {i} | {r['target_len']} | {r['answer_len']} | {r['first_error']} "
+          f"| {_share(r['aligned'])} | {_share(r['skipped'])} | {_share(r['repeated'])} |")
+
+
+def main(argv=None) -> list[dict]:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("workdir", help="a sequence-to-sequence run's directory")
+  parser.add_argument("--split", default="test")
+  parser.add_argument("--examples", type=int, default=8)
+  parser.add_argument("--out", default=None, help="JSON file (default: none)")
+  args = parser.parse_args(argv)
+  rows = inspect(args.workdir, args.split, args.examples)
+  print_table(rows)
+  if args.out:
+    with open(args.out, "w", encoding="utf-8") as f:
+      json.dump({**vars(args), "rows": rows}, f, indent=2)
+  return rows
+
+
+if __name__ == "__main__":
+  main()
