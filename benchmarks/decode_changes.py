@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import functools
 import statistics
-import time
 from unittest import mock
 
 import jax
@@ -31,6 +30,7 @@ import numpy as np
 from flax import nnx
 
 from benchmarks import decode
+from benchmarks.lm_train_step import abba_step_times
 from benchmarks.machine import machine_info, write_result
 from sparse_jax.layers import causal_attention, sparse_ff
 from sparse_jax.layers.multiplicative_dense import MultiplicativeDense
@@ -91,15 +91,10 @@ class CompiledDecode:
 
 
 def interleaved_ms(steps: dict, calls: int) -> dict[str, float]:
-  """Median ms of each step over `calls` calls taken in turns, ABBA, after one each."""
-  for step in steps.values():
-    step()
-  times = {name: [] for name in steps}
-  for i in range(calls):
-    for name in (list(steps) if i % 2 == 0 else list(steps)[::-1]):
-      start = time.perf_counter()
-      steps[name]()
-      times[name].append(time.perf_counter() - start)
+  """Median ms of each no-argument step over `calls` calls taken in turns
+  (`lm_train_step.abba_step_times`, after one call each)."""
+  times = abba_step_times({name: lambda batch, i, step=step: step() for name, step in
+                           steps.items()}, [None], calls)
   return {name: 1000 * statistics.median(t) for name, t in times.items()}
 
 
