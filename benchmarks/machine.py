@@ -4,6 +4,7 @@ import datetime
 import json
 import os
 import platform
+import tempfile
 
 import jax
 
@@ -19,8 +20,11 @@ def machine_info() -> dict:
 
 
 def write_result(result: dict, path: str) -> None:
-  """Writes a benchmark's JSON, its `machine_info()` completed with the load at the end."""
+  """Writes a benchmark's JSON, its `machine_info()` completed with the load at the end;
+  into a temporary file renamed into place, so a crash mid-write keeps the previous JSON."""
   result["machine"]["load_average_end"] = os.getloadavg()
-  with open(path, "w") as f:
+  fd, temporary = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".json.incomplete")
+  with os.fdopen(fd, "w") as f:
     json.dump(result, f, indent=2)
+  os.replace(temporary, path)
   print(f"\nwrote {path}")

@@ -15,6 +15,7 @@ file, which `text_files` cuts into train / validation / test at line breaks
 import argparse
 import glob
 import os
+import tempfile
 
 SOURCE_GLOB = "/usr/share/vim/vim*/doc/*.txt"
 FILE_NAME = "vim_doc.txt"
@@ -37,15 +38,18 @@ def source_files(pattern: str = SOURCE_GLOB) -> list[str]:
 
 def prepare(out_dir: str, pattern: str = SOURCE_GLOB) -> str:
   """Writes the concatenated corpus into `out_dir` (once; kept if it exists) and returns its
-  path."""
+  path. Each writer fills a temporary file of its own and renames it into place, so runs
+  started side by side on a fresh `out_dir` neither collide nor read a partial corpus."""
   path = os.path.join(out_dir, FILE_NAME)
   if not os.path.exists(path):
+    sources = source_files(pattern)
     os.makedirs(out_dir, exist_ok=True)
-    with open(path + ".tmp", "wb") as out:
-      for source in source_files(pattern):
+    fd, temporary = tempfile.mkstemp(dir=out_dir, prefix=FILE_NAME, suffix=".incomplete")
+    with os.fdopen(fd, "wb") as out:
+      for source in sources:
         with open(source, "rb") as f:
           out.write(f.read().rstrip(b"\n") + b"\n\n")
-    os.replace(path + ".tmp", path)
+    os.replace(temporary, path)
   return path
 
 

@@ -11,10 +11,12 @@ noise) and corpus: `builtin` (Python sources) and `prose` (Vim's documentation,
 `benchmarks/prose_corpus.py`). Each run lives in `WORKDIR/<config>/<corpus>/<variant>/seed<N>`
 and leaves its result there as `result.json`: a finished run is read back, not redone, and
 an interrupted one resumes from its checkpoint (its `wall_s` then covers the last invocation,
-which started after `resumed_after_step`). Prints per corpus a table of validation bits
-per byte as mean +- standard deviation over the seeds, and each variant's difference to dense
-(paired by seed, in percent of dense) with its spread; writes every run and the summary as
-JSON.
+which started after `resumed_after_step`). The JSON (`--out`) is rewritten after every
+finished run and keeps every run it has recorded, also those of earlier invocations: a run
+recorded there is not redone either, so a committed JSON carries finished runs to a fresh
+checkout whose `runs/` is empty. Prints per corpus a table of validation bits per byte as
+mean +- standard deviation over the seeds, and each variant's difference to dense (paired by
+seed, in percent of dense) with its spread.
 """
 
 import argparse
@@ -72,21 +74,42 @@ def logged_steps(workdir: str) -> int:
     return max((r["step"] for r in map(json.loads, f) if r["split"] == "train"), default=0)
 
 
+def recorded_runs(out: str, config_name: str) -> dict:
+  """The runs an earlier invocation recorded in the JSON at `out`, by (corpus, variant, seed)."""
+  if not os.path.exists(out):
+    return {}
+  with open(out) as f:
+    runs = json.load(f)["runs"]
+  others = sorted({r["config"] for r in runs} - {config_name})
+  if others:
+    raise SystemExit(f"--out={out} records runs of {others}, not {config_name!r}: name "
+                     "another --out")
+  return {(r["corpus"], r["variant"], r["seed"]): r for r in runs}
+
+
 def run(config_name: str, corpus: str, variant: str, seed: int, steps: int | None,
-        root: str) -> dict:
-  """One training run, or its saved result when it has finished before."""
+        root: str, recorded: dict | None = None) -> dict:
+  """One training run, or its result when it has finished before: saved in its run folder
+  or recorded in `recorded` (runs by corpus, variant and seed) with the same number of
+  steps."""
+  config = variant_config(config_name, variant)
+  config.seed = seed
+  if steps is not None:
+    config.train.update(steps=steps, eval_every=min(config.train.eval_every, steps),
+                        ckpt_every=min(config.train.ckpt_every, steps))
+  earlier = (recorded or {}).get((corpus, variant, seed))
+  if earlier is not None:
+    if earlier["steps"] != config.train.steps:
+      raise SystemExit(f"{config_name} {corpus} {variant} seed {seed} is recorded with "
+                       f"{earlier['steps']} steps, not {config.train.steps}: name another --out")
+    return earlier
   workdir = os.path.join(root, config_name, corpus, variant, f"seed{seed}")
   result_path = os.path.join(workdir, RESULT_FILE)
   if os.path.exists(result_path):
     with open(result_path) as f:
       return json.load(f)
-  config = variant_config(config_name, variant)
-  config.seed = seed
   if corpus == "prose":
     config.data.update(prose_corpus.data_overrides(prose_corpus.prepare(root)))
-  if steps is not None:
-    config.train.update(steps=steps, eval_every=min(config.train.eval_every, steps),
-                        ckpt_every=min(config.train.ckpt_every, steps))
   resumed_from = logged_steps(workdir)
   started = time.perf_counter()
   final = train_to_completion(config, workdir)
@@ -166,19 +189,23 @@ def main(argv=None) -> dict:
                     "variants")
   corpora = _names(args.corpora, CORPORA, "corpora")
   seeds = [int(s) for s in args.seeds.split(",") if s]
+  out = args.out or f"benchmarks/{args.config}.json"
+  runs = recorded_runs(out, args.config)
   machine = machine_info()
-  runs = []
   for corpus in corpora:
     for seed in seeds:
       for variant in variants:
         print(f"{args.config} {corpus} {variant} seed {seed}", flush=True)
-        runs.append(run(args.config, corpus, variant, seed, args.steps, args.workdir))
-  rows = summarise(runs)
+        key = (corpus, variant, seed)
+        finished = run(args.config, corpus, variant, seed, args.steps, args.workdir, runs)
+        if runs.get(key) != finished:
+          runs[key] = finished
+          write_result({"machine": machine, "args": vars(args),
+                        "summary": summarise(list(runs.values())),
+                        "runs": list(runs.values())}, out)
+  rows = summarise(list(runs.values()))
   print(format_table(rows))
-  out = args.out or f"benchmarks/{args.config}.json"
-  result = {"machine": machine, "args": vars(args), "summary": rows, "runs": runs}
-  write_result(result, out)
-  return result
+  return {"machine": machine, "args": vars(args), "summary": rows, "runs": list(runs.values())}
 
 
 if __name__ == "__main__":

@@ -69,6 +69,37 @@ def test_an_interrupted_run_is_not_recorded(tmp_path, monkeypatch):
   assert not (tmp_path / "out.json").exists()
 
 
+def test_runs_recorded_in_the_json_carry_over_to_a_fresh_workdir(tmp_path, monkeypatch):
+  """The JSON is written after each finished run; a later invocation with an empty workdir
+  trains only what the JSON does not record, and refuses a JSON of other runs."""
+  calls = []
+
+  def train_then_stop(config, workdir):
+    calls.append((config.seed, config.model.ff.kind))
+    if len(calls) == 2:
+      raise RunInterrupted("stopped")
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+      f.write(json.dumps({"split": "train", "tokens_per_second": 1000.0}) + "\n")
+    return {"bits_per_byte": 2.0 + len(calls)}
+
+  monkeypatch.setattr(quality_small, "train_to_completion", train_then_stop)
+  out = tmp_path / "out.json"
+  args = ["--variants=dense,sigma_moe", "--steps=10", f"--out={out}"]
+  with pytest.raises(RunInterrupted):
+    quality_small.main(args + [f"--workdir={tmp_path / 'first'}"])
+  assert [r["variant"] for r in json.loads(out.read_text())["runs"]] == ["dense"]
+  result = quality_small.main(args + [f"--workdir={tmp_path / 'fresh'}"])
+  assert calls == [(0, "dense"), (0, "sigma_moe"), (0, "sigma_moe")]
+  assert [r["valid_bits_per_byte"] for r in result["runs"]] == [3.0, 5.0]
+  assert json.loads(out.read_text())["runs"] == result["runs"]
+  with pytest.raises(SystemExit, match="recorded with 10 steps, not 20"):
+    quality_small.main(["--variants=dense", "--steps=20", f"--out={out}",
+                        f"--workdir={tmp_path / 'fresh'}"])
+  with pytest.raises(SystemExit, match="records runs of \\['quality_small'\\]"):
+    quality_small.main(["--config=quality_medium", f"--out={out}"])
+
+
 def test_unknown_variants_and_corpora_are_refused():
   with pytest.raises(SystemExit, match="--corpora must be a comma-separated subset"):
     quality_small.main(["--corpora=wiki"])
@@ -88,6 +119,25 @@ def test_prose_corpus_puts_the_user_manual_first_and_is_written_once(tmp_path):
   assert prose_corpus.prepare(str(tmp_path / "out"), str(docs / "*.txt")) == path
   assert "three" not in open(path).read()
   assert prose_corpus.data_overrides(path)["name"] == "text_files"
+
+
+def test_prose_corpus_writers_side_by_side_do_not_collide(tmp_path, monkeypatch):
+  """A second run prepares the corpus while the first is about to rename its file in place:
+  both succeed, the corpus is whole and no temporary file is left."""
+  docs = tmp_path / "doc"
+  docs.mkdir()
+  (docs / "usr_01.txt").write_text("one\n")
+  out, pattern = str(tmp_path / "out"), str(docs / "*.txt")
+  rename = os.replace
+  def rename_after_another_writer(src, dst):
+    monkeypatch.setattr(prose_corpus.os, "replace", rename)
+    assert prose_corpus.prepare(out, pattern) == dst
+    rename(src, dst)
+
+  monkeypatch.setattr(prose_corpus.os, "replace", rename_after_another_writer)
+  path = prose_corpus.prepare(out, pattern)
+  assert open(path).read() == "one\n\n"
+  assert os.listdir(out) == [prose_corpus.FILE_NAME]
 
 
 def test_missing_prose_sources_name_the_package(tmp_path):
