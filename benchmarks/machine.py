@@ -26,5 +26,6 @@ def write_result(result: dict, path: str) -> None:
   fd, temporary = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".json.incomplete")
   with os.fdopen(fd, "w") as f:
     json.dump(result, f, indent=2)
+  os.chmod(temporary, 0o644)  # mkstemp's 0600 is for the temporary, not for the result.
   os.replace(temporary, path)
   print(f"\nwrote {path}")

@@ -49,6 +49,7 @@ def prepare(out_dir: str, pattern: str = SOURCE_GLOB) -> str:
       for source in sources:
         with open(source, "rb") as f:
           out.write(f.read().rstrip(b"\n") + b"\n\n")
+    os.chmod(temporary, 0o644)
     os.replace(temporary, path)
   return path
 
