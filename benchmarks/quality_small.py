@@ -75,11 +75,13 @@ def logged_steps(workdir: str) -> int:
 
 
 def recorded_runs(out: str, config_name: str) -> dict:
-  """The runs an earlier invocation recorded in the JSON at `out`, by (corpus, variant, seed)."""
+  """The runs an earlier invocation recorded in the JSON at `out`, by (corpus, variant, seed);
+  none from a JSON of the benchmark's first format (a `rows` table, no `runs`), which is
+  replaced as before."""
   if not os.path.exists(out):
     return {}
   with open(out) as f:
-    runs = json.load(f)["runs"]
+    runs = json.load(f).get("runs", [])
   others = sorted({r["config"] for r in runs} - {config_name})
   if others:
     raise SystemExit(f"--out={out} records runs of {others}, not {config_name!r}: name "

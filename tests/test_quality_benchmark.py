@@ -85,6 +85,7 @@ def test_runs_recorded_in_the_json_carry_over_to_a_fresh_workdir(tmp_path, monke
 
   monkeypatch.setattr(quality_small, "train_to_completion", train_then_stop)
   out = tmp_path / "out.json"
+  out.write_text(json.dumps({"rows": [], "steps": 1000}))  # The first format: replaced.
   args = ["--variants=dense,sigma_moe", "--steps=10", f"--out={out}"]
   with pytest.raises(RunInterrupted):
     quality_small.main(args + [f"--workdir={tmp_path / 'first'}"])
