@@ -23,6 +23,7 @@ import time
 
 import jax
 
+from benchmarks.machine import write_json
 from benchmarks.quality_small import logged_steps
 from configs import terraformer_arithmetic
 from sparse_jax.tasks.runs import evaluate_checkpoint, train_to_completion
@@ -112,8 +113,7 @@ def main(argv=None):
       result["rows"].append(run(task, model, args.steps, args.scale, args.workdir))
       result.update(machine=f"{platform.machine()}, {os.cpu_count()} cores, "
                             f"{jax.default_backend()}", jax=jax.__version__)
-      with open(args.out, "w", encoding="utf-8") as f:  # After every run: nothing is lost.
-        json.dump(result, f, indent=2)
+      write_json(result, args.out)  # After every run: nothing is lost.
   print_table(result["rows"])
   print(f"wrote {args.out}")
 

@@ -19,13 +19,19 @@ def machine_info() -> dict:
           "date": datetime.datetime.now().isoformat(timespec="seconds")}
 
 
-def write_result(result: dict, path: str) -> None:
-  """Writes a benchmark's JSON, its `machine_info()` completed with the load at the end;
-  into a temporary file renamed into place, so a crash mid-write keeps the previous JSON."""
-  result["machine"]["load_average_end"] = os.getloadavg()
+def write_json(obj, path: str) -> None:
+  """Writes `obj` as JSON into a temporary file renamed into place, so that a crash mid-write
+  keeps the previous file."""
   fd, temporary = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".json.incomplete")
-  with os.fdopen(fd, "w") as f:
-    json.dump(result, f, indent=2)
+  with os.fdopen(fd, "w", encoding="utf-8") as f:
+    json.dump(obj, f, indent=2)
   os.chmod(temporary, 0o644)  # mkstemp's 0600 is for the temporary, not for the result.
   os.replace(temporary, path)
+
+
+def write_result(result: dict, path: str) -> None:
+  """Writes a benchmark's JSON (`write_json`), its `machine_info()` completed with the load
+  at the end."""
+  result["machine"]["load_average_end"] = os.getloadavg()
+  write_json(result, path)
   print(f"\nwrote {path}")
