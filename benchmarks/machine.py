@@ -1,5 +1,6 @@
 """What a benchmark ran on, for its JSON: machine, CPUs and load, Python, JAX and devices."""
 
+import contextlib
 import datetime
 import json
 import os
@@ -19,14 +20,27 @@ def machine_info() -> dict:
           "date": datetime.datetime.now().isoformat(timespec="seconds")}
 
 
+@contextlib.contextmanager
+def replacing(path: str, mode: str = "w"):
+  """Opens a temporary file of its own beside `path` (text `"w"` or bytes `"wb"`) and, once
+  the block ends without error, renames it to `path`: a crash mid-write keeps the previous
+  file, and writers side by side never share one temporary file."""
+  fd, temporary = tempfile.mkstemp(dir=os.path.dirname(path) or ".",
+                                   prefix=os.path.basename(path), suffix=".incomplete")
+  try:
+    with os.fdopen(fd, mode) as f:
+      yield f
+    os.chmod(temporary, 0o644)  # mkstemp's 0600 is for the temporary, not for the result.
+    os.replace(temporary, path)
+  except BaseException:
+    os.remove(temporary)
+    raise
+
+
 def write_json(obj, path: str) -> None:
-  """Writes `obj` as JSON into a temporary file renamed into place, so that a crash mid-write
-  keeps the previous file."""
-  fd, temporary = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".json.incomplete")
-  with os.fdopen(fd, "w", encoding="utf-8") as f:
+  """Writes `obj` as JSON by `replacing` the file at `path`."""
+  with replacing(path) as f:
     json.dump(obj, f, indent=2)
-  os.chmod(temporary, 0o644)  # mkstemp's 0600 is for the temporary, not for the result.
-  os.replace(temporary, path)
 
 
 def write_result(result: dict, path: str) -> None:

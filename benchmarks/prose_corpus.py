@@ -15,7 +15,8 @@ file, which `text_files` cuts into train / validation / test at line breaks
 import argparse
 import glob
 import os
-import tempfile
+
+from benchmarks.machine import replacing
 
 SOURCE_GLOB = "/usr/share/vim/vim*/doc/*.txt"
 FILE_NAME = "vim_doc.txt"
@@ -44,13 +45,10 @@ def prepare(out_dir: str, pattern: str = SOURCE_GLOB) -> str:
   if not os.path.exists(path):
     sources = source_files(pattern)
     os.makedirs(out_dir, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=out_dir, prefix=FILE_NAME, suffix=".incomplete")
-    with os.fdopen(fd, "wb") as out:
+    with replacing(path, "wb") as out:
       for source in sources:
         with open(source, "rb") as f:
           out.write(f.read().rstrip(b"\n") + b"\n\n")
-    os.chmod(temporary, 0o644)
-    os.replace(temporary, path)
   return path
 
 

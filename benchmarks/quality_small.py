@@ -194,6 +194,8 @@ def main(argv=None) -> dict:
   out = args.out or f"benchmarks/{args.config}.json"
   runs = recorded_runs(out, args.config)
   machine = machine_info()
+  recorded = lambda: {"machine": machine, "args": vars(args),  # noqa: E731
+                      "summary": summarise(list(runs.values())), "runs": list(runs.values())}
   for corpus in corpora:
     for seed in seeds:
       for variant in variants:
@@ -202,12 +204,10 @@ def main(argv=None) -> dict:
         finished = run(args.config, corpus, variant, seed, args.steps, args.workdir, runs)
         if runs.get(key) != finished:
           runs[key] = finished
-          write_result({"machine": machine, "args": vars(args),
-                        "summary": summarise(list(runs.values())),
-                        "runs": list(runs.values())}, out)
-  rows = summarise(list(runs.values()))
-  print(format_table(rows))
-  return {"machine": machine, "args": vars(args), "summary": rows, "runs": list(runs.values())}
+          write_result(recorded(), out)
+  result = recorded()
+  print(format_table(result["summary"]))
+  return result
 
 
 if __name__ == "__main__":

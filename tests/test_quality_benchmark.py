@@ -130,12 +130,13 @@ def test_prose_corpus_writers_side_by_side_do_not_collide(tmp_path, monkeypatch)
   (docs / "usr_01.txt").write_text("one\n")
   out, pattern = str(tmp_path / "out"), str(docs / "*.txt")
   rename = os.replace
+
   def rename_after_another_writer(src, dst):
-    monkeypatch.setattr(prose_corpus.os, "replace", rename)
+    monkeypatch.setattr(os, "replace", rename)
     assert prose_corpus.prepare(out, pattern) == dst
     rename(src, dst)
 
-  monkeypatch.setattr(prose_corpus.os, "replace", rename_after_another_writer)
+  monkeypatch.setattr(os, "replace", rename_after_another_writer)
   path = prose_corpus.prepare(out, pattern)
   assert open(path).read() == "one\n\n"
   assert os.listdir(out) == [prose_corpus.FILE_NAME]
