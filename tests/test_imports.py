@@ -129,3 +129,21 @@ def test_importing_the_package_and_configs_does_not_start_jax():
   result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
                           text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
   assert result.returncode == 0, result.stderr[-1500:]
+
+
+def test_starting_train_py_imports_neither_torch_nor_scipy_stats(tmp_path):
+  """Start-up cost: tensorboardX imports PyTorch when installed (2.4 s on the 2-core VM) and the
+  GLUE metrics scipy.stats (0.9 s); `train.py` needs neither to start. A stand-in
+  `torch` that fails when imported shadows any installed one, so the check does not depend
+  on whether PyTorch is installed here."""
+  (tmp_path / "torch.py").write_text("raise AssertionError('torch was imported')\n")
+  script = ("import sys, train\n"
+            "assert 'scipy.stats' not in sys.modules, 'scipy.stats was imported'\n"
+            "from sparse_jax.training.metrics_writer import MetricsWriter\n"
+            f"MetricsWriter({str(tmp_path / 'run')!r}).close()\n")
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))
+  result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                          text=True, env=env, timeout=300)
+  assert result.returncode == 0, result.stderr[-1500:]
+  assert os.listdir(tmp_path / "run" / "tensorboard")

@@ -23,7 +23,6 @@ which App. C lists for every pair task it names; or "f1", or "mean" of the two).
 from typing import Callable, Iterable
 
 import numpy as np
-import scipy.stats
 
 from sparse_jax import validation
 
@@ -75,25 +74,29 @@ def matthews_corrcoef(pred: np.ndarray, label: np.ndarray) -> float:
   return float(cov_label_pred / np.sqrt(cov_pred_pred * cov_label_label))
 
 
-def _correlation(statistic, x: np.ndarray, y: np.ndarray) -> float:
-  """`statistic(x, y).statistic` in float64; 0.0 when either input is constant (one value, or
-  all equal), where scipy warns and returns NaN."""
+def _correlation(name: str, x: np.ndarray, y: np.ndarray) -> float:
+  """`scipy.stats.<name>(x, y).statistic` in float64; 0.0 when either input is constant (one
+  value, or all equal), where scipy warns and returns NaN."""
+  # Imported here: scipy.stats takes ~0.9 s to import and only STS-B needs it, while every
+  # `train.py` start imports this module.
+  import scipy.stats  # pylint: disable=import-outside-toplevel
   x, y = _check_pair(x, y)
   if np.all(x == x[0]) or np.all(y == y[0]):
     return 0.0
+  statistic = getattr(scipy.stats, name)
   return float(statistic(x.astype(np.float64), y.astype(np.float64)).statistic)
 
 
 def pearson(x: np.ndarray, y: np.ndarray) -> float:
   """Pearson correlation coefficient (`scipy.stats.pearsonr`); 0.0 when either input is
   constant."""
-  return _correlation(scipy.stats.pearsonr, x, y)
+  return _correlation("pearsonr", x, y)
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float:
   """Spearman rank correlation (`scipy.stats.spearmanr`: Pearson of the ranks, ties sharing
   their mean rank); 0.0 when either input is constant."""
-  return _correlation(scipy.stats.spearmanr, x, y)
+  return _correlation("spearmanr", x, y)
 
 
 def pearson_spearman(x: np.ndarray, y: np.ndarray) -> float:
