@@ -8,13 +8,13 @@ Trains `configs/quality_small.py` once per variant (parameter-matched dense, sig
 Switch, S-BASE, PKM-relu, PKM-softmax, Top-K), or `configs/quality_medium.py` (dense and
 sigma-MoE with the paper's expert shape), per seed (initialisation, dropout and routing
 noise) and corpus: `builtin` (Python sources) and `prose` (Vim's documentation,
-`benchmarks/prose_corpus.py`). Each run lives in `WORKDIR/<config>/<corpus>/<variant>/seed<N>`
-and leaves its result there as `result.json`: a finished run is read back, not redone, and
+`benchmarks/prose_corpus.py`). Each run lives in `WORKDIR/<config>/<corpus id>/<variant>/seed<N>`
+(the id names the corpus's version: `builtin`, `prose_v2`) and leaves its result there as `result.json`: a finished run is read back, not redone, and
 an interrupted one resumes from its checkpoint (its `wall_s` then covers the last invocation,
 which started after `resumed_after_step`). The JSON (`--out`) is rewritten after every
 finished run and keeps every run it has recorded, also those of earlier invocations: a run
 recorded there is not redone either, so a committed JSON carries finished runs to a fresh
-checkout whose `runs/` is empty. Prints per corpus a table of validation bits per byte as
+checkout whose `runs/` is empty; runs on an earlier version of a corpus are dropped from it. Prints per corpus a table of validation bits per byte as
 mean +- standard deviation over the seeds, and each variant's difference to dense (paired by
 seed, in percent of dense) with its spread.
 """
@@ -47,6 +47,8 @@ SMALL_VARIANTS = {
 }
 CONFIGS = {"quality_small": tuple(SMALL_VARIANTS), "quality_medium": quality_medium.VARIANTS}
 CORPORA = ("builtin", "prose")
+# What each corpus's runs record as `corpus_id`; runs recorded on another id are superseded.
+CORPUS_IDS = {"builtin": "builtin", "prose": prose_corpus.CORPUS_ID}
 RESULT_FILE = "result.json"
 
 
@@ -86,7 +88,11 @@ def recorded_runs(out: str, config_name: str) -> dict:
   if others:
     raise SystemExit(f"--out={out} records runs of {others}, not {config_name!r}: name "
                      "another --out")
-  return {(r["corpus"], r["variant"], r["seed"]): r for r in runs}
+  current = [r for r in runs if r.get("corpus_id", r["corpus"]) == CORPUS_IDS[r["corpus"]]]
+  if len(current) < len(runs):
+    print(f"{out}: dropping {len(runs) - len(current)} runs on a superseded corpus version "
+          f"(now {sorted(set(CORPUS_IDS.values()))})", flush=True)
+  return {(r["corpus"], r["variant"], r["seed"]): r for r in current}
 
 
 def run(config_name: str, corpus: str, variant: str, seed: int, steps: int | None,
@@ -105,7 +111,7 @@ def run(config_name: str, corpus: str, variant: str, seed: int, steps: int | Non
       raise SystemExit(f"{config_name} {corpus} {variant} seed {seed} is recorded with "
                        f"{earlier['steps']} steps, not {config.train.steps}: name another --out")
     return earlier
-  workdir = os.path.join(root, config_name, corpus, variant, f"seed{seed}")
+  workdir = os.path.join(root, config_name, CORPUS_IDS[corpus], variant, f"seed{seed}")
   result_path = os.path.join(workdir, RESULT_FILE)
   if os.path.exists(result_path):
     with open(result_path) as f:
@@ -116,7 +122,8 @@ def run(config_name: str, corpus: str, variant: str, seed: int, steps: int | Non
   started = time.perf_counter()
   final = train_to_completion(config, workdir)
   report = model_report(config.model)
-  result = {"config": config_name, "corpus": corpus, "variant": variant, "seed": seed,
+  result = {"config": config_name, "corpus": corpus, "corpus_id": CORPUS_IDS[corpus],
+            "variant": variant, "seed": seed,
             "steps": config.train.steps, "valid_bits_per_byte": final["bits_per_byte"],
             "params": report["total_params"],
             "ff_flops_percent": report["ff_flops_percent_of_dense"],

@@ -1,6 +1,7 @@
 """benchmarks/quality_small.py's bookkeeping (seeds, error bars, resuming) and its prose corpus,
 without training: `train_to_completion` is replaced by a stub that records its calls."""
 
+import hashlib
 import json
 import os
 
@@ -101,6 +102,35 @@ def test_runs_recorded_in_the_json_carry_over_to_a_fresh_workdir(tmp_path, monke
     quality_small.main(["--config=quality_medium", f"--out={out}"])
 
 
+def test_runs_on_a_superseded_corpus_version_are_dropped_and_trained_again(
+    tmp_path, monkeypatch, capsys):
+  """A prose run recorded before the corpus's current version (no `corpus_id`, as version 1
+  wrote them) is not reused: the run trains again in the current version's folder."""
+  calls = []
+
+  def fake_train(config, workdir):
+    calls.append((config.data.validation_file, workdir))
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+      f.write(json.dumps({"split": "train", "tokens_per_second": 1000.0}) + "\n")
+    return {"bits_per_byte": 1.5}
+
+  monkeypatch.setattr(quality_small, "train_to_completion", fake_train)
+  monkeypatch.setattr(prose_corpus, "SOURCE_GLOB", _help_files(tmp_path / "doc"))
+  out = tmp_path / "out.json"
+  old = {**_run("prose", "dense", 0, 0.7), "config": "quality_small", "steps": 10}
+  builtin = {**old, "corpus": "builtin", "corpus_id": "builtin"}
+  out.write_text(json.dumps({"runs": [old, builtin]}))
+  result = quality_small.main(["--variants=dense", "--steps=10", "--corpora=builtin,prose",
+                               f"--workdir={tmp_path / 'runs'}", f"--out={out}"])
+  assert "dropping 1 runs on a superseded corpus version" in capsys.readouterr().out
+  [(validation_file, workdir)] = calls
+  assert validation_file == str(tmp_path / "runs" / "prose_v2" / "validation.txt")
+  assert workdir == str(tmp_path / "runs" / "quality_small" / "prose_v2" / "dense" / "seed0")
+  assert [(r["corpus"], r.get("corpus_id"), r["valid_bits_per_byte"])
+          for r in result["runs"]] == [("builtin", "builtin", 0.7), ("prose", "prose_v2", 1.5)]
+
+
 def test_unknown_variants_and_corpora_are_refused():
   with pytest.raises(SystemExit, match="--corpora must be a comma-separated subset"):
     quality_small.main(["--corpora=wiki"])
@@ -108,38 +138,64 @@ def test_unknown_variants_and_corpora_are_refused():
     quality_small.main(["--config=quality_medium", "--variants=switch"])
 
 
-def test_prose_corpus_puts_the_user_manual_first_and_is_written_once(tmp_path):
-  docs = tmp_path / "doc"
+def _help_files(docs, n=60):
+  """`n` help files named `f<i>.txt` holding `text <i>`, plus files that are not prose."""
   docs.mkdir()
-  for name, text in {"change.txt": "changes\n", "usr_02.txt": "two\n\n",
-                     "usr_01.txt": "one\n", "options.txt": "options\n"}.items():
-    (docs / name).write_text(text)
-  path = prose_corpus.prepare(str(tmp_path / "out"), str(docs / "*.txt"))
-  assert open(path).read() == "one\n\ntwo\n\nchanges\n\noptions\n\n"
-  (docs / "usr_03.txt").write_text("three\n")
-  assert prose_corpus.prepare(str(tmp_path / "out"), str(docs / "*.txt")) == path
-  assert "three" not in open(path).read()
-  assert prose_corpus.data_overrides(path)["name"] == "text_files"
+  for i in range(n):
+    (docs / f"f{i}.txt").write_text(f"text {i}\n\n")
+  for name in ("version9.txt", "todo.txt", "index.txt", "usr_toc.txt"):
+    (docs / name).write_text("Patch 9.0.0001\n")
+  return str(docs / "*.txt")
+
+
+def test_prose_corpus_splits_whole_prose_files_by_a_hash_of_their_names(tmp_path):
+  pattern = _help_files(tmp_path / "doc")
+  paths = prose_corpus.prepare(str(tmp_path / "out"), pattern)
+  texts = {split: open(path).read() for split, path in paths.items()}
+  assert "Patch" not in "".join(texts.values())
+  held = {split: [i for i in range(60) if f"text {i}\n" in text]
+          for split, text in texts.items()}
+  assert sorted(sum(held.values(), [])) == list(range(60))  # Each file in exactly one split.
+  for split, numbers in held.items():
+    expected = [i for i in range(60)
+                if {0: "validation", 1: "test"}.get(
+                    int(hashlib.sha256(f"f{i}.txt".encode()).hexdigest(), 16) % 20,
+                    "train") == split]
+    assert numbers == expected and numbers, split
+  assert texts["validation"] == "".join(f"text {i}\n\n" for i in held["validation"])
+  overrides = prose_corpus.data_overrides(paths)
+  assert overrides["name"] == "text_files" and overrides["test_file"] == paths["test"]
+
+
+def test_prose_corpus_is_written_once_and_refuses_an_empty_split(tmp_path):
+  pattern = _help_files(tmp_path / "doc")
+  paths = prose_corpus.prepare(str(tmp_path / "out"), pattern)
+  (tmp_path / "doc" / "f0.txt").write_text("changed\n")
+  assert prose_corpus.prepare(str(tmp_path / "out"), pattern) == paths
+  assert "changed" not in "".join(open(p).read() for p in paths.values())
+  few = tmp_path / "few"
+  few.mkdir()
+  (few / "usr_01.txt").write_text("one\n")
+  with pytest.raises(prose_corpus.MissingCorpusError, match="split empty"):
+    prose_corpus.prepare(str(tmp_path / "out_few"), str(few / "*.txt"))
 
 
 def test_prose_corpus_writers_side_by_side_do_not_collide(tmp_path, monkeypatch):
-  """A second run prepares the corpus while the first is about to rename its file in place:
-  both succeed, the corpus is whole and no temporary file is left."""
-  docs = tmp_path / "doc"
-  docs.mkdir()
-  (docs / "usr_01.txt").write_text("one\n")
-  out, pattern = str(tmp_path / "out"), str(docs / "*.txt")
+  """A second run prepares the corpus while the first is about to rename its first file in
+  place: both succeed, the corpus is whole and no temporary file is left."""
+  out, pattern = str(tmp_path / "out"), _help_files(tmp_path / "doc")
   rename = os.replace
 
   def rename_after_another_writer(src, dst):
     monkeypatch.setattr(os, "replace", rename)
-    assert prose_corpus.prepare(out, pattern) == dst
+    assert prose_corpus.prepare(out, pattern)["train"] == dst
     rename(src, dst)
 
   monkeypatch.setattr(os, "replace", rename_after_another_writer)
-  path = prose_corpus.prepare(out, pattern)
-  assert open(path).read() == "one\n\n"
-  assert os.listdir(out) == [prose_corpus.FILE_NAME]
+  paths = prose_corpus.prepare(out, pattern)
+  assert open(paths["train"]).read().startswith("text ")
+  assert sorted(os.listdir(os.path.join(out, prose_corpus.CORPUS_ID))) == [
+      "test.txt", "train.txt", "validation.txt"]
 
 
 def test_missing_prose_sources_name_the_package(tmp_path):
