@@ -8,13 +8,15 @@ Trains `configs/quality_small.py` once per variant (parameter-matched dense, sig
 Switch, S-BASE, PKM-relu, PKM-softmax, Top-K), or `configs/quality_medium.py` (dense and
 sigma-MoE with the paper's expert shape), per seed (initialisation, dropout and routing
 noise) and corpus: `builtin` (Python sources) and `prose` (Vim's documentation,
-`benchmarks/prose_corpus.py`). Each run lives in `WORKDIR/<config>/<corpus id>/<variant>/seed<N>`
-(the id names the corpus's version: `builtin`, `prose_v2`) and leaves its result there as `result.json`: a finished run is read back, not redone, and
-an interrupted one resumes from its checkpoint (its `wall_s` then covers the last invocation,
-which started after `resumed_after_step`). The JSON (`--out`) is rewritten after every
-finished run and keeps every run it has recorded, also those of earlier invocations: a run
-recorded there is not redone either, so a committed JSON carries finished runs to a fresh
-checkout whose `runs/` is empty; runs on an earlier version of a corpus are dropped from it. Prints per corpus a table of validation bits per byte as
+`benchmarks/prose_corpus.py`). Each run lives in
+`WORKDIR/<config>/<corpus id>/<variant>/seed<N>` (the id names the corpus's version:
+`builtin`, `prose_v2`) and leaves its result there as `result.json`: a finished run is read
+back, not redone, and an interrupted one resumes from its checkpoint (its `wall_s` then covers
+the last invocation, which started after `resumed_after_step`). The JSON (`--out`) is
+rewritten after every finished run and keeps every run it has recorded, also those of earlier
+invocations: a run recorded there is not redone either, so a committed JSON carries finished
+runs to a fresh checkout whose `runs/` is empty; runs on an earlier version of a corpus are
+dropped from it. Prints per corpus a table of validation bits per byte as
 mean +- standard deviation over the seeds, and each variant's difference to dense (paired by
 seed, in percent of dense) with its spread.
 """
