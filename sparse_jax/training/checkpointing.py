@@ -18,6 +18,7 @@ stops the run with `CheckpointWriteError`, the earlier steps untouched.
 
 import dataclasses
 import os
+import re
 import shutil
 from collections.abc import Callable
 
@@ -67,14 +68,21 @@ class CheckpointRestoreError(RuntimeError):
   """No checkpoint of a run reads back; none was moved or deleted."""
 
 
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
+
+
 def _summary(error: BaseException, keep: int = 200) -> str:
   """An exception's type and first line, its middle elided past `2 * keep` characters
-  (TensorStore's messages name long paths first and the OS error last)."""
+  (TensorStore's messages name long paths and specs), followed by the OS error it reports
+  (`[os_error_code='27']` -> "File too large"), which may sit anywhere in the message or be
+  given only as a number."""
   lines = str(error).strip().splitlines()
   text = lines[0] if lines else ""
   if len(text) > 2 * keep:
     text = f"{text[:keep]} ... {text[-keep:]}"
-  return f"{type(error).__name__}: {text}"
+  codes = dict.fromkeys(int(code) for code in _OS_ERROR_CODE.findall(str(error)))
+  reasons = "".join(f"; OS error {code}: {os.strerror(code)}" for code in codes)
+  return f"{type(error).__name__}: {text}{reasons}"
 
 
 def _remove_leftovers(directory: str) -> None:

@@ -175,6 +175,20 @@ def test_a_full_disk_during_a_save_stops_with_the_last_step_intact(trained, tmp_
     assert_trees_equal(saved_item(workdir, 3, item), saved_item(trained[0], 3, item))
 
 
+def test_a_write_error_names_the_os_error_wherever_tensorstore_puts_it():
+  """TensorStore may give the OS error only as a number, in the middle of a long message (as
+  in a CI run: `[os_error_code='27']` between a path and a kilobyte of JSON spec)."""
+  spec = "{" + ",".join(f'"key{i}":"{"x" * 20}"' for i in range(60)) + "}"
+  error = ValueError(f'OUT_OF_RANGE: Error writing "valid/.zarray" in OCDBT database at '
+                     f'local file "/tmp/{"d" * 300}/4.orbax-checkpoint-tmp" '
+                     f"[os_error_code='{errno.EFBIG}'] [spec='{spec}']")
+  summary = checkpointing._summary(error)  # pylint: disable=protected-access
+  assert summary.startswith("ValueError: OUT_OF_RANGE: Error writing")
+  assert summary.endswith("; OS error 27: File too large"), summary
+  assert len(summary) < 600, len(summary)
+  assert checkpointing._summary(OSError("plain")) == "OSError: plain"  # pylint: disable=protected-access
+
+
 def test_train_py_stops_cleanly_when_a_save_exceeds_the_file_size_limit(stdlib_slice,
                                                                          tmp_path):
   """A real write error from the OS: from the save of step 4 on, files may not exceed 8 KB
