@@ -182,11 +182,11 @@ def test_a_write_error_names_the_os_error_wherever_tensorstore_puts_it():
   error = ValueError(f'OUT_OF_RANGE: Error writing "valid/.zarray" in OCDBT database at '
                      f'local file "/tmp/{"d" * 300}/4.orbax-checkpoint-tmp" '
                      f"[os_error_code='{errno.EFBIG}'] [spec='{spec}']")
-  summary = checkpointing._summary(error)  # pylint: disable=protected-access
-  assert summary.startswith("ValueError: OUT_OF_RANGE: Error writing")
-  assert summary.endswith("; OS error 27: File too large"), summary
-  assert len(summary) < 600, len(summary)
-  assert checkpointing._summary(OSError("plain")) == "OSError: plain"  # pylint: disable=protected-access
+  summary = checkpointing._summary  # pylint: disable=protected-access
+  assert summary(error).startswith("ValueError: OUT_OF_RANGE: Error writing")
+  assert summary(error).endswith("; OS error 27: File too large"), summary(error)
+  assert len(summary(error)) < 600, len(summary(error))
+  assert summary(OSError("plain")) == "OSError: plain"
 
 
 def test_train_py_stops_cleanly_when_a_save_exceeds_the_file_size_limit(stdlib_slice,
