@@ -12,7 +12,8 @@ the Terraformer with fixed sinusoids from position 0 instead of Trax's fixed-bas
 Prints per-digit and whole-sequence accuracy beside the paper's. Runs already in `--out` are
 skipped and every run resumes from its checkpoints, so the comparison can be finished by
 later invocations (`train_minutes` then covers the last one, which started after
-`resumed_after_step`).
+`resumed_after_step`; `run_minutes`, the table's, the whole run's training over all
+invocations, from its `metrics.jsonl`: `training.metrics_log.logged_seconds`).
 """
 
 import argparse
@@ -27,6 +28,8 @@ from benchmarks.machine import write_json
 from benchmarks.quality_small import logged_steps
 from configs import terraformer_arithmetic
 from sparse_jax.tasks.runs import evaluate_checkpoint, train_to_completion
+from sparse_jax.tasks.selection import task_for
+from sparse_jax.training.metrics_log import logged_seconds, read_metrics
 
 # Table 4 (per digit, whole sequence), trained on <= 128 digits, tested on 256-300.
 PAPER = {("copy", "terraformer"): (0.999, 0.939), ("copy", "transformer"): (0.798, 0.0),
@@ -53,12 +56,14 @@ def run(task: str, model: str, steps: int | None, scale: int, workdir: str) -> d
   started = time.perf_counter()
   train_to_completion(config, path)
   minutes = (time.perf_counter() - started) / 60
+  run_seconds = logged_seconds(read_metrics(path), task_for(config).items_per_step)["total"]
   scores = {split: evaluate_checkpoint(path, split=split)[0] for split in ("validation", "test")}
   paper_digit, paper_seq = PAPER.get((task, model), (None, None))
   return {"task": task, "model": model, "steps": config.train.steps,
           "train_digits": [config.data.train_min_len, config.data.train_max_len],
           "test_digits": [config.data.test_min_len, config.data.test_max_len],
           "train_minutes": minutes, "resumed_after_step": resumed_from,
+          "run_minutes": run_seconds / 60,
           **{f"{split}_{metric}": scores[split][metric] for split in scores
              for metric in ("per_digit_accuracy", "sequence_accuracy")},
           "paper_per_digit_accuracy": paper_digit, "paper_sequence_accuracy": paper_seq}
@@ -69,7 +74,10 @@ def _score(value: float | None) -> str:
 
 
 def _minutes(row: dict) -> str:
-  """Training minutes of the last invocation, with the step it resumed after, if any."""
+  """The run's minutes over all its invocations; in rows recorded before those were summed,
+  the last invocation's, with the step it resumed after, if any."""
+  if "run_minutes" in row:
+    return f"{row['run_minutes']:.1f}"
   resumed = row.get("resumed_after_step", 0)
   return f"{row['train_minutes']:.1f}" + (f" (after {resumed})" if resumed else "")
 

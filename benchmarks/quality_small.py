@@ -12,13 +12,14 @@ noise) and corpus: `builtin` (Python sources) and `prose` (Vim's documentation,
 `WORKDIR/<config>/<corpus id>/<variant>/seed<N>` (the id names the corpus's version:
 `builtin`, `prose_v2`) and leaves its result there as `result.json`: a finished run is read
 back, not redone, and an interrupted one resumes from its checkpoint (its `wall_s` then covers
-the last invocation, which started after `resumed_after_step`). The JSON (`--out`) is
-rewritten after every finished run and keeps every run it has recorded, also those of earlier
-invocations: a run recorded there is not redone either, so a committed JSON carries finished
-runs to a fresh checkout whose `runs/` is empty; runs on an earlier version of a corpus are
-dropped from it. Prints per corpus a table of validation bits per byte as
-mean +- standard deviation over the seeds, and each variant's difference to dense (paired by
-seed, in percent of dense) with its spread.
+the last invocation, which started after `resumed_after_step`; `run_s` is the whole run's
+time over all invocations, from its `metrics.jsonl`: `training.metrics_log.logged_seconds`).
+The JSON (`--out`) is rewritten after every finished run and keeps every run it has
+recorded, also those of earlier invocations: a run recorded there is not redone either, so a
+committed JSON carries finished runs to a fresh checkout whose `runs/` is empty; runs on an
+earlier version of a corpus are dropped from it. Prints per corpus a table of validation
+bits per byte as mean +- standard deviation over the seeds, and each variant's difference to
+dense (paired by seed, in percent of dense) with its spread.
 """
 
 import argparse
@@ -32,6 +33,7 @@ from benchmarks.machine import machine_info, write_result
 from configs import quality_medium, quality_small
 from sparse_jax.models.accounting import model_report
 from sparse_jax.tasks.runs import train_to_completion
+from sparse_jax.training.metrics_log import logged_seconds, read_metrics
 
 # Every variant has the dense FF's 132k parameters per layer (within 1.2%, PKM), in the form
 # the sigma-MoE authors ran it (docs/sigma_moe.md "Feed-forward kinds"): Switch with G = K*G,
@@ -124,14 +126,15 @@ def run(config_name: str, corpus: str, variant: str, seed: int, steps: int | Non
   started = time.perf_counter()
   final = train_to_completion(config, workdir)
   report = model_report(config.model)
+  tokens_per_step = config.data.batch_size * config.data.seq_len
   result = {"config": config_name, "corpus": corpus, "corpus_id": CORPUS_IDS[corpus],
             "variant": variant, "seed": seed,
             "steps": config.train.steps, "valid_bits_per_byte": final["bits_per_byte"],
             "params": report["total_params"],
             "ff_flops_percent": report["ff_flops_percent_of_dense"],
-            "step_ms": 1000 * step_seconds(workdir, config.data.batch_size
-                                           * config.data.seq_len),
-            "wall_s": time.perf_counter() - started, "resumed_after_step": resumed_from}
+            "step_ms": 1000 * step_seconds(workdir, tokens_per_step),
+            "wall_s": time.perf_counter() - started, "resumed_after_step": resumed_from,
+            "run_s": logged_seconds(read_metrics(workdir), tokens_per_step)["total"]}
   with open(result_path, "w") as f:
     json.dump(result, f, indent=2)
   return result

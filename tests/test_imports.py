@@ -139,7 +139,7 @@ def test_starting_train_py_imports_neither_torch_nor_scipy_stats(tmp_path):
   (tmp_path / "torch.py").write_text("raise AssertionError('torch was imported')\n")
   script = ("import sys, train\n"
             "assert 'scipy.stats' not in sys.modules, 'scipy.stats was imported'\n"
-            "from sparse_jax.training.metrics_writer import MetricsWriter\n"
+            "from sparse_jax.training.metrics_log import MetricsWriter\n"
             f"MetricsWriter({str(tmp_path / 'run')!r}).close()\n")
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))

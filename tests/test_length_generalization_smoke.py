@@ -33,6 +33,7 @@ def test_ablation_run_scores_both_splits_and_is_not_redone(tmp_path, capsys, mon
       ("copy", "terraformer_sinusoid", 2)]
   assert rows[0]["train_digits"] == [2, 8] and rows[0]["test_digits"] == [16, 18]
   assert rows[0]["resumed_after_step"] == 0  # a fresh run
+  assert 0 < rows[0]["run_minutes"] <= rows[0]["train_minutes"]  # logged parts of its wall time
   assert all(0 <= rows[0][f"{split}_per_digit_accuracy"] <= 1 for split in ("validation", "test"))
   assert rows[0]["paper_per_digit_accuracy"] is None  # no paper number for the ablation
   length_generalization.main(args)  # finished: read back, not retrained

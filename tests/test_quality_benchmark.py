@@ -42,7 +42,7 @@ def test_a_finished_run_is_read_back_not_redone(tmp_path, monkeypatch):
     calls.append((config.seed, config.model.ff.kind, workdir))
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
-      f.write(json.dumps({"split": "train", "tokens_per_second": 1000.0}) + "\n")
+      f.write(json.dumps({"step": 10, "split": "train", "tokens_per_second": 1000.0}) + "\n")
     return {"bits_per_byte": 2.5 + config.seed}
 
   monkeypatch.setattr(quality_small, "train_to_completion", fake_train)
@@ -52,6 +52,9 @@ def test_a_finished_run_is_read_back_not_redone(tmp_path, monkeypatch):
   assert [(seed, kind) for seed, kind, _ in calls] == [
       (0, "dense"), (0, "sigma_moe"), (1, "dense"), (1, "sigma_moe")]
   assert calls[3][2] == str(tmp_path / "quality_small" / "builtin" / "sigma_moe" / "seed1")
+  data = quality_small.variant_config("quality_small", "dense").data
+  run_s = data.batch_size * data.seq_len * 10 / 1000.0  # 10 steps at the logged rate
+  assert [r["run_s"] for r in first["runs"]] == pytest.approx([run_s] * 4)
   second = quality_small.main(args)
   assert len(calls) == 4 and second["runs"] == first["runs"]
   assert json.loads((tmp_path / "out.json").read_text())["summary"] == second["summary"]
@@ -81,7 +84,7 @@ def test_runs_recorded_in_the_json_carry_over_to_a_fresh_workdir(tmp_path, monke
       raise RunInterrupted("stopped")
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
-      f.write(json.dumps({"split": "train", "tokens_per_second": 1000.0}) + "\n")
+      f.write(json.dumps({"step": 10, "split": "train", "tokens_per_second": 1000.0}) + "\n")
     return {"bits_per_byte": 2.0 + len(calls)}
 
   monkeypatch.setattr(quality_small, "train_to_completion", train_then_stop)
@@ -112,7 +115,7 @@ def test_runs_on_a_superseded_corpus_version_are_dropped_and_trained_again(
     calls.append((config.data.validation_file, workdir))
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
-      f.write(json.dumps({"split": "train", "tokens_per_second": 1000.0}) + "\n")
+      f.write(json.dumps({"step": 10, "split": "train", "tokens_per_second": 1000.0}) + "\n")
     return {"bits_per_byte": 1.5}
 
   monkeypatch.setattr(quality_small, "train_to_completion", fake_train)

@@ -6,20 +6,10 @@ again), in which case the later line wins. Train and validation points of a metr
 separate series.
 """
 
-import json
 import os
 
 from sparse_jax.figures import output
-
-
-def read_metrics(run_dir: str) -> list[dict]:
-  """The records of `run_dir/metrics.jsonl`, in file order."""
-  path = os.path.join(run_dir, "metrics.jsonl")
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"no metrics.jsonl in {run_dir!r} (expected {path}); "
-                            f"train.py writes it into its --workdir.")
-  with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
+from sparse_jax.training.metrics_log import read_metrics
 
 
 def _series(records: list[dict], metric: str) -> dict[str, dict[str, list]]:

@@ -9,8 +9,15 @@ stops it (`CheckpointWriteError`); resuming restores the newest checkpoint that 
 with a config that may resume from it (`training.resume_config`); only the first process
 prints, writes metrics (with the model FLOPs rate and MFU, `training.mfu`) and shows
 progress. `train.profile_steps` traces a few steps (`training.profiling`).
+
+Time is logged so that a run's wall time can be summed over the invocations that resumed it
+(`training.metrics_log.logged_seconds`): each train line's `train_seconds` counts only its
+window's training steps (its rate and MFU likewise), each validation line's `eval_seconds`
+the evaluation, and an invocation's first train line `compile_seconds`, the training step's
+compilation; checkpoint saves (written in the background) are in none of them.
 """
 
+import contextlib
 import time
 
 import jax
@@ -22,7 +29,7 @@ from tqdm import tqdm
 
 from sparse_jax import parallel
 from sparse_jax.training.checkpointing import Checkpointer
-from sparse_jax.training.metrics_writer import MetricsWriter
+from sparse_jax.training.metrics_log import MetricsWriter
 from sparse_jax.training.mfu import ModelFlopsRate
 from sparse_jax.training.optimizer import learning_rate_schedule
 from sparse_jax.training.placement import Placement
@@ -59,15 +66,26 @@ def _mean_over_steps(values: list) -> float | np.ndarray:
 
 
 class MetricsWindow:
-  """Per-step metrics since the last log, kept on device until `flush` syncs once."""
+  """Per-step metrics since the last log, kept on device until `flush` syncs once, and the
+  wall time of those steps: what runs inside `paused()` (evaluation, saves, compilation) is
+  not counted."""
 
   def __init__(self, start_step: int):
-    self.start_step, self.metrics, self.started = start_step, [], time.perf_counter()
+    self.start_step, self.metrics = start_step, []
+    self.started, self.paused_seconds = time.perf_counter(), 0.0
+
+  @contextlib.contextmanager
+  def paused(self):
+    started = time.perf_counter()
+    try:
+      yield
+    finally:
+      self.paused_seconds += time.perf_counter() - started
 
   def flush(self, items_per_step: int, rate_name: str) -> dict[str, float]:
     """The window's mean metrics (a per-step vector, such as a layer's routing
-    `token_share`, elementwise) plus `rate_name` (items per second); raises
-    `NonFiniteLossError` naming the first step whose loss is not finite."""
+    `token_share`, elementwise) plus `rate_name` (items per second) and `train_seconds`;
+    raises `NonFiniteLossError` naming the first step whose loss is not finite."""
     host = jax.device_get(self.metrics)
     losses = np.array([m["loss"] for m in host])
     bad = np.flatnonzero(~np.isfinite(losses))
@@ -76,9 +94,10 @@ class MetricsWindow:
       raise NonFiniteLossError(
           f"training loss is {losses[bad[0]]} at step {step}; stopping. The last good "
           "checkpoint is kept; lower train.lr or check the data.")
-    seconds = time.perf_counter() - self.started
+    seconds = time.perf_counter() - self.started - self.paused_seconds
     mean = {k: _mean_over_steps([m[k] for m in host]) for k in host[0]}
     mean[rate_name] = items_per_step * len(host) / seconds
+    mean["train_seconds"] = seconds
     return mean
 
 
@@ -118,6 +137,7 @@ class Run:
                                       wrt=task.trainable, out_shardings=out_shardings,
                                       accum_steps=train_cfg.grad_accum_steps, carry_rows=task)
     self.compiled_step = None  # Compiled at the first step (`_compile_step`).
+    self.compile_seconds = None  # Logged once, with the first train line.
 
   def _build_and_restore(self) -> tuple[int, dict] | None:
     """Checks the config may resume, builds the task's objects and restores the newest
@@ -131,11 +151,15 @@ class Run:
         model=self.model, optimizer=self.optimizer, data_iterator=self.data_iterator,
         extras=task.checkpoint_extras(self.carry))
 
-  def step(self, step: int) -> dict[str, jax.Array]:
-    """Runs training step `step` (0-based); returns its metrics, still on device."""
+  def step(self, step: int, pause=contextlib.nullcontext) -> dict[str, jax.Array]:
+    """Runs training step `step` (0-based); returns its metrics, still on device. The first
+    call compiles the step, inside `pause()` (`MetricsWindow.paused`)."""
     batch = self.placement.global_batch(next(self.data_iterator), self.task.batch_size)
     if self.compiled_step is None:
-      self.compiled_step = self._compile_step(batch, step)
+      started = time.perf_counter()
+      with pause():
+        self.compiled_step = self._compile_step(batch, step)
+      self.compile_seconds = time.perf_counter() - started
     self.state, self.carry, metrics = self.compiled_step(self.state, self.carry, batch, step)
     return metrics
 
@@ -160,6 +184,8 @@ class Run:
     logged.update(self.task.log_metrics(logged), lr=float(self.lr(step - 1)))
     steps_per_second = logged[self.task.rate_name] / self.task.items_per_step
     logged.update(self.flops_rate.metrics(steps_per_second))  # training.mfu
+    if self.compile_seconds is not None:
+      logged["compile_seconds"], self.compile_seconds = self.compile_seconds, None
     self._write(step, "train", logged)
     return logged
 
@@ -172,9 +198,12 @@ class Run:
     nnx.update((self.model, self.optimizer), self.state)
 
   def evaluate(self, step: int) -> dict[str, float]:
+    """The task's validation metrics, logged with the `eval_seconds` they took."""
+    started = time.perf_counter()
     self.sync_to_modules()
     metrics = self.task.evaluate(self.model, self.placement)
-    self._write(step, "validation", metrics)
+    self._write(step, "validation",
+                {**metrics, "eval_seconds": time.perf_counter() - started})
     return metrics
 
   def save(self, step: int) -> None:
@@ -214,7 +243,7 @@ def run_task(task: Task, workdir: str, mesh: Mesh | None = None) -> dict[str, fl
       stopping = stop.should_stop()  # With several processes: the same on every one.
       while step < train_cfg.steps and not stopping:
         with profiler.step(step, lambda: run.state):  # train.profile_steps
-          window.metrics.append(run.step(step))
+          window.metrics.append(run.step(step, pause=window.paused))
         step += 1
         bar.update(1)
         stopping = stop.should_stop()
@@ -222,10 +251,11 @@ def run_task(task: Task, workdir: str, mesh: Mesh | None = None) -> dict[str, fl
         if step % train_cfg.log_every == 0 or at_ckpt:
           bar.set_postfix(loss=f"{run.log(step, window)['loss']:.3f}")
           window = MetricsWindow(step)
-        if step % train_cfg.eval_every == 0 and step < train_cfg.steps:
-          _print(f"step {step} validation: {format_metrics(run.evaluate(step))}", bar.write)
-        if at_ckpt:
-          run.save(step)
+        with window.paused():
+          if step % train_cfg.eval_every == 0 and step < train_cfg.steps:
+            _print(f"step {step} validation: {format_metrics(run.evaluate(step))}", bar.write)
+          if at_ckpt:
+            run.save(step)
       if stopping:
         logging.warning("Stopped at step %d; checkpoint saved in %s.", step, workdir)
         return {"step": step, "interrupted": 1.0}

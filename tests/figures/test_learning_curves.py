@@ -7,7 +7,7 @@ import os
 import pytest
 
 from sparse_jax.figures import learning_curves
-from sparse_jax.training.metrics_writer import MetricsWriter
+from sparse_jax.training.metrics_log import MetricsWriter
 
 
 def _write_run(run_dir, losses, evals, repeat_from=None):

@@ -2,6 +2,7 @@
 
 import json
 import os
+import time
 
 import jax
 import numpy as np
@@ -10,10 +11,11 @@ from flax import nnx
 from training_testing import patch_step, sigterm_at, train_losses
 
 from sparse_jax.tasks import train_and_evaluate
-from sparse_jax.tasks.lm import build_model
+from sparse_jax.tasks.lm import LanguageModelTask, build_model
 from sparse_jax.tasks.runs import evaluate_checkpoint
 from sparse_jax.training.checkpointing import Checkpointer, NoCheckpointError
 from sparse_jax.training.loop import NonFiniteLossError
+from sparse_jax.training.metrics_log import latest_records, logged_seconds, read_metrics
 from sparse_jax.validation import ConfigError
 
 
@@ -52,6 +54,44 @@ def test_resume_after_sigterm_is_exact(tiny_config, tmp_path, monkeypatch, accum
   assert sorted(train_losses(straight)) == list(range(1, 7))
   jax.tree.map(np.testing.assert_array_equal, saved_params(resumed, tiny_config),
                saved_params(straight, tiny_config))
+
+
+def test_logged_times_leave_evaluation_out_of_the_rate_and_sum_over_resumes(
+    tiny_config, tmp_path, monkeypatch):
+  """Evaluations made to take >= 0.5 s: the windows after them (two tiny steps each) log
+  well under that, as their rate shows; each invocation logs its compilation once; the
+  summed time is no more than the wall time of both invocations."""
+  tiny_config.train.update(steps=6, log_every=2, eval_every=2, ckpt_every=2)
+  slow_eval = 0.5
+  real_evaluate = LanguageModelTask.evaluate
+
+  def evaluate(self, model, placement):
+    time.sleep(slow_eval)
+    return real_evaluate(self, model, placement)
+
+  monkeypatch.setattr(LanguageModelTask, "evaluate", evaluate)
+  workdir = str(tmp_path / "run")
+  started = time.perf_counter()
+  with monkeypatch.context() as m:
+    patch_step(m, sigterm_at(3))
+    assert train_and_evaluate(tiny_config, workdir)["step"] == 4
+  train_and_evaluate(tiny_config, workdir)
+  wall = time.perf_counter() - started
+
+  records = read_metrics(workdir)
+  train = latest_records(records, "train")
+  tokens_per_step = tiny_config.data.batch_size * tiny_config.data.seq_len
+  assert [r["step"] for r in train] == [2, 4, 6]
+  for record in train:
+    assert record["train_seconds"] < slow_eval, record
+    assert record["tokens_per_second"] == pytest.approx(
+        2 * tokens_per_step / record["train_seconds"])
+  assert [r["step"] for r in train if "compile_seconds" in r] == [2, 6]  # one per invocation
+  evals = latest_records(records, "validation")
+  assert [r["step"] for r in evals] == [2, 4, 6]
+  assert all(r["eval_seconds"] >= slow_eval for r in evals)
+  seconds = logged_seconds(records, tokens_per_step)
+  assert 3 * slow_eval <= seconds["eval"] and seconds["total"] <= wall
 
 
 def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tiny_config, tmp_path,
