@@ -21,6 +21,7 @@ import tempfile
 from benchmarks.machine import machine_info
 from configs import default
 from sparse_jax.tasks.runs import train_to_completion
+from sparse_jax.training.metrics_log import latest_records, read_metrics
 
 DTYPES = ("float32", "bfloat16")
 
@@ -31,9 +32,7 @@ def train(dtype: str, steps: int, log_every: int, workdir: str) -> dict:
   config.model.dtype = dtype
   config.train.update(steps=steps, log_every=log_every, eval_every=steps, ckpt_every=steps)
   final = train_to_completion(config, workdir)
-  with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
-    lines = [json.loads(line) for line in f]
-  train_lines = [x for x in lines if x["split"] == "train"]
+  train_lines = latest_records(read_metrics(workdir), "train")
   tokens_per_step = config.data.batch_size * config.data.seq_len
   step_seconds = [tokens_per_step / x["tokens_per_second"] for x in train_lines[1:]]
   return {"dtype": dtype, "loss": {x["step"]: x["loss"] for x in train_lines},

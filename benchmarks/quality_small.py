@@ -33,7 +33,8 @@ from benchmarks.machine import machine_info, write_result
 from configs import quality_medium, quality_small
 from sparse_jax.models.accounting import model_report
 from sparse_jax.tasks.runs import train_to_completion
-from sparse_jax.training.metrics_log import logged_seconds, read_metrics
+from sparse_jax.training.metrics_log import (METRICS_FILE, latest_records, logged_seconds,
+                                             read_metrics)
 
 # Every variant has the dense FF's 132k parameters per layer (within 1.2%, PKM), in the form
 # the sigma-MoE authors ran it (docs/sigma_moe.md "Feed-forward kinds"): Switch with G = K*G,
@@ -66,18 +67,16 @@ def variant_config(config_name: str, variant: str):
 
 def step_seconds(workdir: str, tokens_per_step: int) -> float:
   """Median training step time from the run's logged tokens per second."""
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    rates = sorted(r["tokens_per_second"] for r in map(json.loads, f) if r["split"] == "train")
+  train = latest_records(read_metrics(workdir), "train")
+  rates = sorted(r["tokens_per_second"] for r in train)
   return tokens_per_step / rates[len(rates) // 2]
 
 
 def logged_steps(workdir: str) -> int:
   """The last training step an earlier, interrupted invocation logged (0 for a fresh run)."""
-  path = os.path.join(workdir, "metrics.jsonl")
-  if not os.path.exists(path):
+  if not os.path.exists(os.path.join(workdir, METRICS_FILE)):
     return 0
-  with open(path) as f:
-    return max((r["step"] for r in map(json.loads, f) if r["split"] == "train"), default=0)
+  return max((r["step"] for r in latest_records(read_metrics(workdir), "train")), default=0)
 
 
 def recorded_runs(out: str, config_name: str) -> dict:
