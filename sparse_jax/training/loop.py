@@ -138,6 +138,7 @@ class Run:
                                       accum_steps=train_cfg.grad_accum_steps, carry_rows=task)
     self.compiled_step = None  # Compiled at the first step (`_compile_step`).
     self.compile_seconds = None  # Logged once, with the first train line.
+    self.in_flight = None  # The loss of the step last dispatched (`step`).
 
   def _build_and_restore(self) -> tuple[int, dict] | None:
     """Checks the config may resume, builds the task's objects and restores the newest
@@ -153,7 +154,13 @@ class Run:
 
   def step(self, step: int, pause=contextlib.nullcontext) -> dict[str, jax.Array]:
     """Runs training step `step` (0-based); returns its metrics, still on device. The first
-    call compiles the step, inside `pause()` (`MetricsWindow.paused`)."""
+    call compiles the step, inside `pause()` (`MetricsWindow.paused`).
+
+    Returns once the step before it has finished: one step computes while the host reads
+    the next batch, and no more. Left alone, JAX queues dozens of steps ahead of the device
+    (on XLA:CPU, minutes of them), so the progress bar would count queued steps and a
+    SIGTERM would wait for the whole queue before its checkpoint, past a preemption's grace
+    period."""
     batch = self.placement.global_batch(next(self.data_iterator), self.task.batch_size)
     if self.compiled_step is None:
       started = time.perf_counter()
@@ -161,6 +168,9 @@ class Run:
         self.compiled_step = self._compile_step(batch, step)
       self.compile_seconds = time.perf_counter() - started
     self.state, self.carry, metrics = self.compiled_step(self.state, self.carry, batch, step)
+    if self.in_flight is not None:
+      jax.block_until_ready(self.in_flight)
+    self.in_flight = metrics["loss"]
     return metrics
 
   def _compile_step(self, batch, step: int) -> jax.stages.Compiled:

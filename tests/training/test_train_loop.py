@@ -94,6 +94,30 @@ def test_logged_times_leave_evaluation_out_of_the_rate_and_sum_over_resumes(
   assert 3 * slow_eval <= seconds["eval"] and seconds["total"] <= wall
 
 
+def test_at_most_one_step_runs_ahead_of_the_host(tiny_config, tmp_path, monkeypatch):
+  """Each step's loss is made to take 0.2 s on the device (a host callback). When step j is
+  dispatched, step j - 2 has finished: the loop does not queue steps ahead of the device."""
+  tiny_config.train.update(steps=6, log_every=6, ckpt_every=6)
+
+  def slow(x):
+    time.sleep(0.2)
+    return x
+
+  slow_loss = jax.jit(lambda x: jax.pure_callback(slow, jax.ShapeDtypeStruct(x.shape, x.dtype), x))
+  losses, finished = {}, {}
+
+  def after_step(step_index, outputs):
+    state, carry, metrics = outputs
+    if step_index >= 2:
+      finished[step_index - 2] = losses[step_index - 2].is_ready()
+    losses[step_index] = slow_loss(metrics["loss"])
+    return state, carry, dict(metrics, loss=losses[step_index])
+
+  patch_step(monkeypatch, after_step)
+  train_and_evaluate(tiny_config, str(tmp_path / "run"))
+  assert finished == {i: True for i in range(4)}
+
+
 def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tiny_config, tmp_path,
                                                              monkeypatch):
   tiny_config.train.update(steps=6, ckpt_every=2, log_every=2)
