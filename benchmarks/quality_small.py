@@ -65,10 +65,10 @@ def variant_config(config_name: str, variant: str):
   return config
 
 
-def step_seconds(workdir: str, tokens_per_step: int) -> float:
-  """Median training step time from the run's logged tokens per second."""
-  train = latest_records(read_metrics(workdir), "train")
-  rates = sorted(r["tokens_per_second"] for r in train)
+def step_seconds(records: list[dict], tokens_per_step: int) -> float:
+  """Median training step time from a run's logged tokens per second (`records`: its
+  `metrics.jsonl`, `read_metrics`)."""
+  rates = sorted(r["tokens_per_second"] for r in latest_records(records, "train"))
   return tokens_per_step / rates[len(rates) // 2]
 
 
@@ -126,14 +126,15 @@ def run(config_name: str, corpus: str, variant: str, seed: int, steps: int | Non
   final = train_to_completion(config, workdir)
   report = model_report(config.model)
   tokens_per_step = config.data.batch_size * config.data.seq_len
+  records = read_metrics(workdir)
   result = {"config": config_name, "corpus": corpus, "corpus_id": CORPUS_IDS[corpus],
             "variant": variant, "seed": seed,
             "steps": config.train.steps, "valid_bits_per_byte": final["bits_per_byte"],
             "params": report["total_params"],
             "ff_flops_percent": report["ff_flops_percent_of_dense"],
-            "step_ms": 1000 * step_seconds(workdir, tokens_per_step),
+            "step_ms": 1000 * step_seconds(records, tokens_per_step),
             "wall_s": time.perf_counter() - started, "resumed_after_step": resumed_from,
-            "run_s": logged_seconds(read_metrics(workdir), tokens_per_step)["total"]}
+            "run_s": logged_seconds(records, tokens_per_step)["total"]}
   with open(result_path, "w") as f:
     json.dump(result, f, indent=2)
   return result

@@ -40,6 +40,7 @@ from sparse_jax import parallel
 from sparse_jax.models.accounting import attention_report, model_report
 from sparse_jax.models.lm_config import head_dim_of, validate_model_config
 from sparse_jax.tasks.runs import train_to_completion
+from sparse_jax.training.metrics_log import read_metrics
 
 # comparison: (get_config(variant) of its config file, its variants; the first is the baseline
 # the others are compared to). Adding a comparison (e.g. MoEUT vs dense) is one entry here;
@@ -95,7 +96,7 @@ def run(variant: str, seed: int, steps: int | None, root: str) -> dict:
             "steps": config.train.steps, "shape": shape(config),
             "valid_bits_per_byte": final["bits_per_byte"], "valid_loss": final["loss"],
             "params": model_report(config.model)["total_params"], **attention,
-            "step_ms": 1000 * step_seconds(workdir, config.data.batch_size
+            "step_ms": 1000 * step_seconds(read_metrics(workdir), config.data.batch_size
                                            * config.data.seq_len),
             "wall_s": wall_s, "resumed_after_step": resumed_from}
   with open(result_path, "w") as f:
