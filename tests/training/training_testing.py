@@ -1,7 +1,6 @@
 """Helpers shared by the training tests: reading logged losses and checkpoint files, wrapping
 the train step, a free port for multi-process runs."""
 
-import json
 import os
 import signal
 import socket
@@ -12,13 +11,12 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from sparse_jax.training import loop
+from sparse_jax.training.metrics_log import latest_records, read_metrics
 
 
 def train_losses(workdir) -> dict[int, float]:
   """The logged training loss of every step (log_every=1) from `workdir/metrics.jsonl`."""
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    records = [json.loads(line) for line in f]
-  return {r["step"]: r["loss"] for r in records if r["split"] == "train"}
+  return {r["step"]: r["loss"] for r in latest_records(read_metrics(str(workdir)), "train")}
 
 
 def patch_step(monkeypatch, after_step):
