@@ -9,7 +9,10 @@ position of the first wrong token, and how much of the answer after it agrees wi
 aligned, with one target token skipped, or with one answer token repeated. This tells the ways
 a model that fails beyond its training lengths can fail apart: it stops early (EOS near the
 lengths it was trained on), it is wrong from the start, or it slips by a token and is right
-after that. Writes the rows as JSON.
+after that. For addition it also counts the digits right where both operands have digits
+(the sum needs both) apart from those past the shorter operand (there the sum is the longer
+operand's digit plus a carry): a model that has learnt to copy but not to add scores near
+chance (0.1) on the first and high on the second. Writes the rows as JSON.
 """
 
 import argparse
@@ -19,7 +22,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from sparse_jax.data.arithmetic import EOS
+from sparse_jax.data.arithmetic import EOS, SEPARATOR
 from sparse_jax.tasks import task_for
 from sparse_jax.tasks.runs import load
 
@@ -52,6 +55,21 @@ def answer_errors(target_t: np.ndarray, answer_t: np.ndarray) -> dict:
           "repeated": _agreement(answer[first + 1:], target[first:])}
 
 
+def add_regions(inputs_s: np.ndarray, target_t: np.ndarray, answer_t: np.ndarray) -> dict:
+  """Of an addition's answer, the digits right (in place) where both operands have digits,
+  `both_right` of `both_digits` (the sum's first min(len a, len b) digits, lower-endian), and
+  past the shorter operand, `longer_right` of `longer_digits`. Digits the answer lacks count
+  as wrong."""
+  inputs, target, answer = (before_eos(np.asarray(t)) for t in (inputs_s, target_t, answer_t))
+  separator = int(np.flatnonzero(inputs == SEPARATOR)[0])
+  shorter = min(separator, len(inputs) - separator - 1)
+  n = min(len(target), len(answer))
+  right_t = np.zeros(len(target), bool)
+  right_t[:n] = target[:n] == answer[:n]
+  return {"both_right": int(right_t[:shorter].sum()), "both_digits": shorter,
+          "longer_right": int(right_t[shorter:].sum()), "longer_digits": len(target) - shorter}
+
+
 def inspect(workdir: str, split: str, examples: int) -> list[dict]:
   """`answer_errors` of the latest checkpoint's greedy answers to `split`'s first
   `examples` examples."""
@@ -62,7 +80,11 @@ def inspect(workdir: str, split: str, examples: int) -> list[dict]:
   decode = jax.jit(lambda state, inputs_bs: nnx.merge(graphdef, state).greedy_decode(
       inputs_bs, targets_bt.shape[1]))
   answers_bt = np.asarray(decode(state, inputs_bs))
-  return [answer_errors(t, a) for t, a in zip(targets_bt, answers_bt)]
+  rows = [answer_errors(t, a) for t, a in zip(targets_bt, answers_bt)]
+  if config.data.task == "add":
+    rows = [{**row, **add_regions(x, t, a)}
+            for row, x, t, a in zip(rows, inputs_bs, targets_bt, answers_bt)]
+  return rows
 
 
 def _share(value: float | None) -> str:
@@ -75,6 +97,11 @@ def print_table(rows: list[dict]) -> None:
   for i, r in enumerate(rows):
     print(f"| {i} | {r['target_len']} | {r['answer_len']} | {r['first_error']} "
           f"| {_share(r['aligned'])} | {_share(r['skipped'])} | {_share(r['repeated'])} |")
+  if rows and "both_digits" in rows[0]:
+    for region, where in (("both", "where both operands have digits"),
+                          ("longer", "past the shorter operand")):
+      right, digits = (sum(r[f"{region}_{k}"] for r in rows) for k in ("right", "digits"))
+      print(f"digits right {where}: {right} of {digits} ({_share(right / max(digits, 1))})")
 
 
 def main(argv=None) -> list[dict]:

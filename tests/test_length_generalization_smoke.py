@@ -6,6 +6,7 @@ import json
 import numpy as np
 
 from benchmarks import length_generalization, seq2seq_answers
+from sparse_jax.data import arithmetic
 
 
 def tiny(get_config):
@@ -58,3 +59,23 @@ def test_answer_errors_tell_early_stops_slips_and_repeats_apart():
   repeated = errors(target, np.array([2, 3, 3, 4, 5, 6, 7, 1]))  # wrote the 3 twice
   assert (repeated["first_error"], repeated["repeated"]) == (2, 1.0)
   assert errors(target, np.array([9, 3, 4, 5, 6, 7, 1, 0]))["aligned"] == 5 / 6  # one wrong
+
+
+def test_add_regions_count_the_digits_that_need_both_operands_apart():
+  """1375 + 48 = 1423: lower-endian inputs 5 7 3 1 | 8 4, sum 3 2 4 1, of which the first
+  two digits need both operands and the last two only 1375's digits and the carry."""
+  digits = arithmetic.digit_tokens
+  inputs = np.concatenate([digits([5, 7, 3, 1]), [arithmetic.SEPARATOR], digits([8, 4]),
+                           [arithmetic.EOS]])
+  assert 1375 + 48 == arithmetic.lower_endian_value([3, 2, 4, 1])
+  target = np.append(digits([3, 2, 4, 1]), arithmetic.EOS)
+  regions = seq2seq_answers.add_regions
+  assert regions(inputs, target, target) == {"both_right": 2, "both_digits": 2,
+                                             "longer_right": 2, "longer_digits": 2}
+  wrong_first = np.append(digits([4, 2, 4, 1]), arithmetic.EOS)
+  assert regions(inputs, target, wrong_first)["both_right"] == 1
+  stopped_early = np.append(digits([3, 2, 4]), arithmetic.EOS)  # the missing digit is wrong
+  assert regions(inputs, target, stopped_early)["longer_right"] == 1
+  copied_operand = np.append(digits([5, 7, 3, 1]), arithmetic.EOS)  # 1375, not the sum:
+  assert regions(inputs, target, copied_operand) == {"both_right": 0, "both_digits": 2,
+                                                     "longer_right": 1, "longer_digits": 2}
