@@ -71,8 +71,8 @@ def add_regions(inputs_s: np.ndarray, target_t: np.ndarray, answer_t: np.ndarray
 
 
 def inspect(workdir: str, split: str, examples: int) -> list[dict]:
-  """`answer_errors` of the latest checkpoint's greedy answers to `split`'s first
-  `examples` examples."""
+  """`answer_errors` (and for addition `add_regions`) of the latest checkpoint's greedy
+  answers to `split`'s first `examples` examples."""
   model, config = load(workdir)
   arrays = task_for(config).data.eval_arrays(split, examples)
   inputs_bs, targets_bt = arrays["inputs"][:examples], arrays["targets"][:examples]
