@@ -79,3 +79,23 @@ def test_add_regions_count_the_digits_that_need_both_operands_apart():
   copied_operand = np.append(digits([5, 7, 3, 1]), arithmetic.EOS)  # 1375, not the sum:
   assert regions(inputs, target, copied_operand) == {"both_right": 0, "both_digits": 2,
                                                      "longer_right": 1, "longer_digits": 2}
+
+
+def test_add_regions_split_random_sums_at_the_shorter_operand():
+  """Random additions from the task's own generator: an exact answer is right everywhere, and
+  the regions' sizes are the shorter operand's digit count and the rest of the sum's."""
+  rng = np.random.default_rng(0)
+  for n_digits in rng.integers(2, 40, size=20):
+    inputs, target = arithmetic.add_tokens(rng, int(n_digits))
+    separator = list(inputs).index(arithmetic.SEPARATOR)
+    digits = inputs - arithmetic.FIRST_DIGIT
+    a, b = digits[:separator], digits[separator + 1:]
+    total = arithmetic.lower_endian_value(a) + arithmetic.lower_endian_value(b)
+    shorter = min(len(a), len(b))
+    assert len(target) == len(str(total))
+    regions = seq2seq_answers.add_regions(np.append(inputs, arithmetic.EOS),
+                                          np.append(target, arithmetic.EOS),
+                                          np.append(target, arithmetic.EOS))
+    assert regions == {"both_right": shorter, "both_digits": shorter,
+                       "longer_right": len(target) - shorter,
+                       "longer_digits": len(target) - shorter}
