@@ -93,9 +93,8 @@ def test_add_regions_split_random_sums_at_the_shorter_operand():
     total = arithmetic.lower_endian_value(a) + arithmetic.lower_endian_value(b)
     shorter = min(len(a), len(b))
     assert len(target) == len(str(total))
-    regions = seq2seq_answers.add_regions(np.append(inputs, arithmetic.EOS),
-                                          np.append(target, arithmetic.EOS),
-                                          np.append(target, arithmetic.EOS))
+    exact = np.append(target, arithmetic.EOS)
+    regions = seq2seq_answers.add_regions(np.append(inputs, arithmetic.EOS), exact, exact)
     assert regions == {"both_right": shorter, "both_digits": shorter,
                        "longer_right": len(target) - shorter,
                        "longer_digits": len(target) - shorter}
