@@ -1,10 +1,11 @@
 """Evaluate a checkpoint of a training run on a whole split.
 
-  python eval.py --workdir=runs/default [--step=N] [--split=validation|test]
+  python eval.py --workdir=runs/default [--step=N] [--split=validation|test|train]
 
 The model is rebuilt from the config saved with the checkpoint (a fine-tuning run: the
 backbone from `backbone.path`, then the saved trainable part; scored with the task's
-metrics); results are printed and written to WORKDIR/eval_<split>_<step>.json.
+metrics); results are printed and written to WORKDIR/eval_<split>_<step>.json. The train
+split (in eval mode: no dropout) against validation separates underfitting from overfitting.
 """
 
 import sys
@@ -18,7 +19,8 @@ from sparse_jax.training.checkpointing import NoCheckpointError
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints/.",
                                required=True)
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
-_SPLIT = flags.DEFINE_enum("split", "validation", ["validation", "test"], "Split to evaluate.")
+_SPLIT = flags.DEFINE_enum("split", "validation", ["validation", "test", "train"],
+                          "Split to evaluate.")
 _MAX_BATCHES = flags.DEFINE_integer("max_batches", None,
                                     "Evaluate only the first N segments (default: all).")
 

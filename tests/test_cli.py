@@ -15,7 +15,8 @@ def run(args):
 
 def test_train_then_eval_from_the_command_line(stdlib_slice, tmp_path):
   """Trains in-process for train.py's flags (its command-line runs are test_cli_recipes.py's),
-  then evaluates the checkpoint with eval.py as a user runs it."""
+  then evaluates the checkpoint with eval.py as a user runs it: on the train split here (the
+  test split is test_train_loop.py's, in-process)."""
   workdir = str(tmp_path / "run")
   overrides = [
       f"--config.data.source_root={stdlib_slice}", f"--config.data.data_dir={tmp_path / 'tfds'}",
@@ -27,9 +28,9 @@ def test_train_then_eval_from_the_command_line(stdlib_slice, tmp_path):
       "--config.eval.mem_len=32", "--config.eval.max_batches=2", *ONE_DEVICE]
   trained = train_and_evaluate(cli_config("--config=configs/default.py", *overrides), workdir)
   assert trained["step"] == 4 and trained["bits_per_byte"] > 0
-  evaluated = run(["eval.py", f"--workdir={workdir}", "--split=test", "--max_batches=3"])
+  evaluated = run(["eval.py", f"--workdir={workdir}", "--split=train", "--max_batches=3"])
   assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-  with open(os.path.join(workdir, "eval_test_4.json")) as f:
+  with open(os.path.join(workdir, "eval_train_4.json")) as f:
     results = json.load(f)
   assert results["step"] == 4 and results["tokens"] == 3 * 2 * 16
   assert f"bits_per_byte={results['bits_per_byte']:.6g}" in evaluated.stdout
