@@ -9,17 +9,19 @@ separate series.
 import os
 
 from sparse_jax.figures import output
-from sparse_jax.training.metrics_log import read_metrics
+from sparse_jax.training.metrics_log import latest_records, read_metrics
 
 
 def _series(records: list[dict], metric: str) -> dict[str, dict[str, list]]:
-  """`{split: {"steps": [...], "values": [...]}}` for the splits that logged `metric`."""
-  latest: dict[str, dict[int, float]] = {}
-  for record in records:
-    if metric in record:
-      latest.setdefault(record["split"], {})[record["step"]] = record[metric]
-  return {split: {"steps": sorted(points), "values": [points[s] for s in sorted(points)]}
-          for split, points in latest.items()}
+  """`{split: {"steps": [...], "values": [...]}}` for the splits that logged `metric`, from
+  each step's latest line (one without `metric` leaves its step out)."""
+  series = {}
+  for split in dict.fromkeys(record["split"] for record in records):
+    points = [r for r in latest_records(records, split) if metric in r]
+    if points:
+      series[split] = {"steps": [r["step"] for r in points],
+                       "values": [r[metric] for r in points]}
+  return series
 
 
 def run_labels(run_dirs: list[str]) -> list[str]:

@@ -45,6 +45,15 @@ def test_curves_of_two_runs_match_their_files(tmp_path):
   assert expected["b"]["train"]["values"] == [5.5, 4.5, 5.0, 4.0]  # repeated steps: later
 
 
+def test_a_repeated_step_without_the_metric_drops_its_stale_value(tmp_path):
+  """Run b's resumed lines for steps 3-4 log no bits_per_byte: the values those steps had
+  before the resume belong to discarded training and must not be plotted."""
+  _write_run(tmp_path / "b", {1: 5.5, 2: 4.5, 3: 4.0, 4: 3.0}, {}, repeat_from=3)
+  curves = learning_curves.compute_learning_curves([str(tmp_path / "b")], "bits_per_byte")
+  assert curves["runs"][0]["series"] == {
+      "train": {"steps": [1, 2], "values": [5.5 / 0.693, 4.5 / 0.693]}}
+
+
 def test_missing_file_and_unknown_metric_are_named(tmp_path):
   with pytest.raises(FileNotFoundError, match="no metrics.jsonl in .*nowhere"):
     learning_curves.compute_learning_curves([str(tmp_path / "nowhere")])
