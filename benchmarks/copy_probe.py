@@ -30,6 +30,8 @@ from sparse_jax.tasks.runs import saved_config, task_for
 
 def repeated_slices(tokens: np.ndarray, rows: int, half: int, seed: int) -> np.ndarray:
   """`[rows, 2 * half]`: random slices of `tokens`, each followed by itself."""
+  if len(tokens) < half:
+    raise ValueError(f"--half={half} is longer than the split ({len(tokens)} tokens)")
   starts = np.random.default_rng(seed).integers(0, len(tokens) - half + 1, rows)
   return np.stack([np.tile(tokens[s:s + half], 2) for s in starts])
 

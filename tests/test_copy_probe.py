@@ -31,6 +31,8 @@ def test_repeated_slices_are_a_slice_and_its_repeat():
   for row in x_bt:  # consecutive tokens of `tokens`
     start = int(np.flatnonzero(tokens == row[0])[0])
     np.testing.assert_array_equal(row[:32], tokens[start:start + 32])
+  with pytest.raises(ValueError, match="--half=2000 is longer than the split"):
+    copy_probe.repeated_slices(tokens, rows=1, half=2000, seed=0)
 
 
 def test_a_perfect_copier_scores_zero_on_the_second_copy_and_a_late_one_does_not():
