@@ -22,6 +22,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from benchmarks.machine import machine_info, write_result
 from sparse_jax import data
@@ -41,8 +42,8 @@ def copy_bits(logits_btv: jax.Array, x_bt: np.ndarray, skip: int) -> tuple[float
   leaving out each copy's first `skip` targets. `logits_btv` are the predictions for
   `x_bt[:, 1:]` from `x_bt[:, :-1]`; target `j` of a copy is predicted at position `j - 1`."""
   half = x_bt.shape[1] // 2
-  logp_btv = jax.nn.log_softmax(jnp.asarray(logits_btv, jnp.float32), axis=-1)
-  nll_bt = -np.take_along_axis(np.asarray(logp_btv), x_bt[:, 1:, None], axis=-1)[..., 0]
+  nll_bt = np.asarray(optax.softmax_cross_entropy_with_integer_labels(
+      jnp.asarray(logits_btv, jnp.float32), jnp.asarray(x_bt[:, 1:])))
   first = nll_bt[:, skip - 1:half - 1]
   second = nll_bt[:, half + skip - 1:]
   return float(first.mean() / math.log(2)), float(second.mean() / math.log(2))
