@@ -5,12 +5,13 @@
 
 For each run folder: its latest checkpoint (or `--step`), restored as `eval.py` restores it,
 reads `--rows` sequences from an empty XL memory, each a random slice of `--half` bytes
-(tokens) of the run's validation split followed by the same slice again. Bits per token on the first copy measure
-ordinary prediction from a short context; on the second copy, where every token is already in
-the context, a model that copies (induction heads: Olsson et al., 2022, "In-context learning
-and induction heads") scores far lower. The first `--skip` targets of each copy are left out
-(the first copy's have almost no context; the second copy's first target follows the join).
-The same slices for every run (`--seed`). Prints a table and writes JSON.
+(tokens) of the run's validation split followed by the same slice again. Bits per token on
+the first copy measure ordinary prediction from a short context; on the second copy, where
+every token is already in the context, a model that copies (induction heads: Olsson et al.,
+2022, "In-context learning and induction heads") scores far lower. The first `--skip` targets
+of each copy are left out (the first copy's have almost no context; the second copy's first
+target follows the join). The same slices for every run (`--seed`). Prints a table and
+writes JSON.
 
 Why: a `quality_medium` dense seed ended 12-14% behind its twins with the same first-copy loss;
 this probe tells a model that never learned to copy from one that predicts worse overall.
