@@ -14,7 +14,8 @@ Time is logged so that a run's wall time can be summed over the invocations that
 (`training.metrics_log.logged_seconds`): each train line's `train_seconds` counts only its
 window's training steps (its rate and MFU likewise), each validation line's `eval_seconds`
 the evaluation, and an invocation's first train line `compile_seconds`, the training step's
-compilation; checkpoint saves (written in the background) are in none of them.
+compilation; checkpoint saves (written in the background) are in none of them. All of these
+read `clock`, the loop's one time source.
 """
 
 import contextlib
@@ -39,6 +40,9 @@ from sparse_jax.training.routing_health import RoutingHealth
 from sparse_jax.training.steps import make_train_step
 from sparse_jax.training.task import Task
 from sparse_jax.training.xla_fallbacks import compile_lowered
+
+
+clock = time.perf_counter  # Seconds, for the logged times; a test puts a fake clock here.
 
 
 class NonFiniteLossError(RuntimeError):
@@ -72,15 +76,15 @@ class MetricsWindow:
 
   def __init__(self, start_step: int):
     self.start_step, self.metrics = start_step, []
-    self.started, self.paused_seconds = time.perf_counter(), 0.0
+    self.started, self.paused_seconds = clock(), 0.0
 
   @contextlib.contextmanager
   def paused(self):
-    started = time.perf_counter()
+    started = clock()
     try:
       yield
     finally:
-      self.paused_seconds += time.perf_counter() - started
+      self.paused_seconds += clock() - started
 
   def flush(self, items_per_step: int, rate_name: str) -> dict[str, float]:
     """The window's mean metrics (a per-step vector, such as a layer's routing
@@ -94,7 +98,7 @@ class MetricsWindow:
       raise NonFiniteLossError(
           f"training loss is {losses[bad[0]]} at step {step}; stopping. The last good "
           "checkpoint is kept; lower train.lr or check the data.")
-    seconds = time.perf_counter() - self.started - self.paused_seconds
+    seconds = clock() - self.started - self.paused_seconds
     mean = {k: _mean_over_steps([m[k] for m in host]) for k in host[0]}
     mean[rate_name] = items_per_step * len(host) / seconds
     mean["train_seconds"] = seconds
@@ -163,10 +167,10 @@ class Run:
     period."""
     batch = self.placement.global_batch(next(self.data_iterator), self.task.batch_size)
     if self.compiled_step is None:
-      started = time.perf_counter()
+      started = clock()
       with pause():
         self.compiled_step = self._compile_step(batch, step)
-      self.compile_seconds = time.perf_counter() - started
+      self.compile_seconds = clock() - started
     self.state, self.carry, metrics = self.compiled_step(self.state, self.carry, batch, step)
     if self.in_flight is not None:
       jax.block_until_ready(self.in_flight)
@@ -209,11 +213,11 @@ class Run:
 
   def evaluate(self, step: int) -> dict[str, float]:
     """The task's validation metrics, logged with the `eval_seconds` they took."""
-    started = time.perf_counter()
+    started = clock()
     self.sync_to_modules()
     metrics = self.task.evaluate(self.model, self.placement)
     self._write(step, "validation",
-                {**metrics, "eval_seconds": time.perf_counter() - started})
+                {**metrics, "eval_seconds": clock() - started})
     return metrics
 
   def save(self, step: int) -> None:

@@ -14,6 +14,7 @@ from sparse_jax.tasks import train_and_evaluate
 from sparse_jax.tasks.lm import LanguageModelTask, build_model
 from sparse_jax.tasks.runs import evaluate_checkpoint
 from sparse_jax.training.checkpointing import Checkpointer, NoCheckpointError
+from sparse_jax.training import loop
 from sparse_jax.training.loop import NonFiniteLossError
 from sparse_jax.training.metrics_log import latest_records, logged_seconds, read_metrics
 from sparse_jax.validation import ConfigError
@@ -56,42 +57,66 @@ def test_resume_after_sigterm_is_exact(tiny_config, tmp_path, monkeypatch, accum
                saved_params(straight, tiny_config))
 
 
+class FakeClock:
+  """Seconds that pass only when the test advances them (in place of `loop.clock`)."""
+
+  def __init__(self):
+    self.now = 0.0
+
+  def __call__(self) -> float:
+    return self.now
+
+  def advance(self, seconds: float) -> None:
+    self.now += seconds
+
+
 def test_logged_times_leave_evaluation_out_of_the_rate_and_sum_over_resumes(
     tiny_config, tmp_path, monkeypatch):
-  """Evaluations made to take >= 0.5 s: the windows after them (two tiny steps each) log
-  well under that, as their rate shows; each invocation logs its compilation once; the
-  summed time is no more than the wall time of both invocations."""
+  """On a fake clock each training step takes 1 s, compiling the step 10 s and each
+  evaluation 100 s: each train line (a window of two steps) logs exactly 2 s and its rate from
+  them; each invocation logs its compilation once; each evaluation logs its 100 s; and the
+  logged parts add up to all the time that passed over both invocations."""
+  step_s, compile_s, eval_s = 1.0, 10.0, 100.0
   tiny_config.train.update(steps=6, log_every=2, eval_every=2, ckpt_every=2)
-  slow_eval = 0.5
-  real_evaluate = LanguageModelTask.evaluate
+  clock = FakeClock()
+  monkeypatch.setattr(loop, "clock", clock)
+  real_evaluate, real_compile = LanguageModelTask.evaluate, loop.Run._compile_step
 
   def evaluate(self, model, placement):
-    time.sleep(slow_eval)
+    clock.advance(eval_s)
     return real_evaluate(self, model, placement)
 
+  def compile_step(self, batch, step):
+    clock.advance(compile_s)
+    return real_compile(self, batch, step)
+
   monkeypatch.setattr(LanguageModelTask, "evaluate", evaluate)
+  monkeypatch.setattr(loop.Run, "_compile_step", compile_step)
+  stop_after_step_4 = sigterm_at(3)  # Index 3 runs in the first invocation only.
+
+  def timed_step(step_index, outputs):
+    clock.advance(step_s)
+    return stop_after_step_4(step_index, outputs)
+
+  patch_step(monkeypatch, timed_step)
   workdir = str(tmp_path / "run")
-  started = time.perf_counter()
-  with monkeypatch.context() as m:
-    patch_step(m, sigterm_at(3))
-    assert train_and_evaluate(tiny_config, workdir)["step"] == 4
+  assert train_and_evaluate(tiny_config, workdir)["step"] == 4
   train_and_evaluate(tiny_config, workdir)
-  wall = time.perf_counter() - started
 
   records = read_metrics(workdir)
   train = latest_records(records, "train")
   tokens_per_step = tiny_config.data.batch_size * tiny_config.data.seq_len
   assert [r["step"] for r in train] == [2, 4, 6]
   for record in train:
-    assert record["train_seconds"] < slow_eval, record
-    assert record["tokens_per_second"] == pytest.approx(
-        2 * tokens_per_step / record["train_seconds"])
-  assert [r["step"] for r in train if "compile_seconds" in r] == [2, 6]  # one per invocation
+    assert record["train_seconds"] == 2 * step_s, record
+    assert record["tokens_per_second"] == pytest.approx(2 * tokens_per_step / (2 * step_s))
+  assert {r["step"]: r["compile_seconds"] for r in train if "compile_seconds" in r} == {
+      2: compile_s, 6: compile_s}  # one per invocation
   evals = latest_records(records, "validation")
-  assert [r["step"] for r in evals] == [2, 4, 6]
-  assert all(r["eval_seconds"] >= slow_eval for r in evals)
-  seconds = logged_seconds(records, tokens_per_step)
-  assert 3 * slow_eval <= seconds["eval"] and seconds["total"] <= wall
+  assert [(r["step"], r["eval_seconds"]) for r in evals] == [(2, eval_s), (4, eval_s),
+                                                             (6, eval_s)]
+  assert logged_seconds(records, tokens_per_step) == {
+      "train": 6 * step_s, "eval": 3 * eval_s, "compile": 2 * compile_s, "total": clock.now}
 
 
 def test_at_most_one_step_runs_ahead_of_the_host(tiny_config, tmp_path, monkeypatch):
