@@ -1,8 +1,8 @@
 """Train a sparse_jax model: a language model, or a classifier over a frozen backbone.
 
   python train.py                                  # configs/default.py into runs/default
-  python train.py --config=configs/X.py --workdir=runs/x --config.train.steps=100
-  python train.py --config=configs/X.py --print_params   # parameters and % FF FLOPs
+  python train.py --config=configs/quality_small.py --workdir=runs/x --config.train.steps=100
+  python train.py --config=configs/quality_small.py --print_params   # parameters, % FF FLOPs
   python train.py --config.mesh.fsdp=2 --config.mesh.expert=4   # a device mesh
   python train.py --coordinator_address=host0:1234 --num_processes=2 --process_id=0  # multi-host
   python train.py --config=configs/spartan_stdlib.py      # fine-tune a frozen backbone (SPARTAN)
@@ -10,7 +10,8 @@
   python train.py --config=configs/spartan_stdlib.py --seeds=0,1,2   # mean and std over seeds
   python train.py --config=configs/sigma_moe_paper.py:wt103_s_star --compile_only=h100
 
-Re-running with the same workdir resumes from its latest checkpoint.
+Re-running with the same workdir resumes from its latest checkpoint. `--print_params` and
+`--compile_only` read no data, so they need none of the data's files or folders set.
 """
 
 import atexit
@@ -22,6 +23,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from sparse_jax import validation
 from sparse_jax.aot import targets
 from sparse_jax.config_overrides import switch_kinds
 from sparse_jax.data.sources import BadSourceError
@@ -62,7 +64,7 @@ _CONFIG = _define_config_flag()
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/<config name>).")
 _PRINT_PARAMS = flags.DEFINE_bool(
     "print_params", False, "Print the model's parameter and FF FLOP counts (fine-tuning: "
-    "trainable parameters and storage per task), then exit.")
+    "trainable parameters and storage per task), then exit. Reads no data.")
 _COORDINATOR = flags.DEFINE_string(
     "coordinator_address", os.environ.get("JAX_COORDINATOR_ADDRESS"),
     "Multi-process job: host:port of process 0 (env JAX_COORDINATOR_ADDRESS).")
@@ -116,10 +118,11 @@ def main(argv):
   try:
     distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                            auto=_DISTRIBUTED.value)
-    task = task_for(_CONFIG.value)  # Validates the whole config before any work.
     if _PRINT_PARAMS.value:
-      _print_report(task.param_report())
+      with validation.inspecting():  # Reads no data: its files need not be set.
+        _print_report(task_for(_CONFIG.value).param_report())
       return
+    task = task_for(_CONFIG.value)  # Validates the whole config before any work.
     if _SEEDS.value:
       _train_seeds(workdir)
       return
@@ -149,7 +152,13 @@ def _exit_after_background_writes(message: str) -> None:
 
 def _compile_only(target_name: str) -> None:
   """`--compile_only`: compiles for the target and prints the memory report; exits non-zero
-  with the compiler's message when a step does not compile."""
+  with the compiler's message when a step does not compile. Reads no data, so the config is
+  validated as `validation.inspecting()` does."""
+  with validation.inspecting():
+    _compile_for(target_name)
+
+
+def _compile_for(target_name: str) -> None:
   try:
     target = targets.parse_target(target_name)
     targets.require_compiler(target)

@@ -17,7 +17,8 @@ outputs and temporaries; None where the backend does not say), the paper's dashe
 
 `--sweep` picks the variable of the figure: N_E (Fig. 2, `--experts`), G (Fig. 6) or d_model
 (Fig. 7), over `--values`, the other two fixed; each row names its `sweep` variable, whose
-value is that row's `experts`, `group` or `d_model`. `python figures.py cvmm` plots the JSON.
+value is that row's `experts`, `group` or `d_model`; `python figures.py cvmm
+benchmarks/cvmm_cpu_float32.json` plots such a JSON.
 
     python benchmarks/cvmm.py --dtype float32 --output benchmarks/cvmm_cpu.json
     python benchmarks/cvmm.py --sweep group --values 64,128,256,512 --experts 32

@@ -50,3 +50,17 @@ def test_train_rejects_a_bad_override_naming_the_field(tmp_path):
   assert result.returncode != 0
   assert "model.d_model" in result.stderr and "divisible by model.n_heads" in result.stderr
   assert "Traceback" not in result.stderr
+
+
+def test_training_on_text_files_needs_them_inspecting_does_not(tmp_path):
+  """A `text_files` config without its files: training stops naming the fields to set, before
+  anything is written; `--print_params` (it reads no data) prints the counts."""
+  config = "--config=configs/moeut_paper.py:44m,moeut"
+  result = run(["train.py", config, f"--workdir={tmp_path / 'run'}"])
+  assert result.returncode != 0
+  assert result.stderr.startswith("train.py: config field 'data.train_file' must be set")
+  assert "data.file" in result.stderr and "Traceback" not in result.stderr
+  assert not os.path.exists(tmp_path / "run")
+  printed = run(["train.py", config, "--print_params"])
+  assert printed.returncode == 0, printed.stderr[-3000:]
+  assert "total_params:" in printed.stdout

@@ -6,10 +6,10 @@ from typing import Literal
 import ml_collections
 import pytest
 
-from configs import (default, default_dense, dense_paper, e8_dense, moe_variants, quality_medium,
-                     quality_small, scaling_small, sigma_moe_paper, wt103_b_dense,
-                     wt103_b_one_gpu, wt103_s_dense)
-from sparse_jax import schema
+from configs import (default, default_dense, dense_paper, e8_dense, moe_variants, moeut_paper,
+                     quality_medium, quality_small, scaling_small, sigma_moe_paper,
+                     wt103_b_dense, wt103_b_one_gpu, wt103_s_dense)
+from sparse_jax import schema, validation
 from sparse_jax.config_overrides import switch_kinds, tagged_sections
 from sparse_jax.data import classification, datasets
 from sparse_jax.layers import registry
@@ -233,6 +233,29 @@ def test_each_dataset_has_its_schema():
       datasets.parse, {"name": "builtin", "seq_len": 8})
   assert "'data.split_bytes' must be a tuple of 3 items" in error(
       datasets.parse, {"name": "enwik8", "split_bytes": [1, 2], **streams})
+
+
+def test_where_the_text_is_is_needed_to_train_not_to_inspect():
+  """A `text_files` config without its files fails for training, naming the field; the modes
+  that read no data (`--print_params`, `--compile_only`: `validation.inspecting()`) accept it,
+  and every other rule still holds there."""
+  from sparse_jax.tasks import validate_config  # pylint: disable=import-outside-toplevel
+  config = moeut_paper.get_config("44m,moeut")
+  needs_files = "config field 'data.train_file' must be set, with data.validation_file"
+  assert needs_files in error(validate_config, config)
+  with validation.inspecting():
+    assert not validation.reads_data()
+    assert validate_config(config).data.file is None
+    config.data.train_file = "train.txt"
+    config.data.file = "all.txt"
+    assert "'data.file' must be unset when" in error(validate_config, config)
+    del config.data["train_file"]
+    config.model.n_layers = 0
+    assert "'model.n_layers' must be a positive integer" in error(validate_config, config)
+  assert validation.reads_data()
+  config.model.n_layers = 16
+  config.data.file = None
+  assert needs_files in error(validate_config, config)
 
 
 def test_each_task_has_its_schema():

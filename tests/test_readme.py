@@ -3,7 +3,9 @@ every dotted name they mention (`sparse_jax.models.Encoder`,
 `finetune.methods.trainable_filter`, ...) resolves, every command names a script, module or
 config that exists, every relative link points to a file (and heading) that exists, the README
 stays a front page, and no page states how long the test suite takes (timings live in
-benchmarks/RESULTS.md, with their command, machine and date)."""
+benchmarks/RESULTS.md, with their command, machine and date). The commands in the docstrings of
+the configs, benchmarks and scripts are checked, and the cheap ones run, by
+test_docstring_commands.py, which shares `ROOT` and `module_exists` with this file."""
 
 import functools
 import glob

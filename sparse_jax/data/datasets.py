@@ -143,10 +143,10 @@ class TextFilesData(DataConfig):
       validation.require(fractions is not None and abs(sum(fractions) - 1.0) < 1e-6,
                          f"{path}.split_fractions", "three positive fractions summing to 1",
                          fractions)
-    else:
-      validation.require(all(split_files), f"{path}.train_file",
-                         f"set, with {path}.validation_file and {path}.test_file (or set "
-                         f"{path}.file and {path}.split_fractions)", split_files)
+    else:  # Where the text is: needed to read it, not to build or compile the model.
+      validation.require_data_source(
+          all(split_files), f"{path}.train_file", f"set, with {path}.validation_file and "
+          f"{path}.test_file (or set {path}.file and {path}.split_fractions)", split_files)
     if self.tokenizer == "sentencepiece":
       _check_sp_vocab_size(self.sp_vocab_size, path)
 
