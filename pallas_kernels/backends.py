@@ -5,6 +5,12 @@ grouped by expert (`make_layout`), how those rows are multiplied by their expert
 (`matmul`, also on the transposed weights for input gradients), and how the per-expert
 weight gradient is formed (`weight_grad`). The ops (`cvmm`, `expert_mlp`) own the custom VJPs
 and call these three.
+
+The row operands of `matmul` and `weight_grad` are the layout's rows. The ops ask the backend
+for them (`token_rows`, `slot_rows`): a backend that `gathers_rows` (the Pallas Triton kernels)
+gets a `slot_layout.IndexedRows`, the source array and the index of each row, and gathers in
+its kernels' row loads, so no [N*k, M] copy of a token-shared input is made; every other
+backend gets that copy, gathered by XLA as before.
 """
 
 import dataclasses
@@ -28,14 +34,32 @@ IMPLS = ("auto", "pallas", "mosaic", "megablox", "blocked", "ragged", "tokamax",
 
 @dataclasses.dataclass(frozen=True)
 class Backend:
-  """One grouped-matmul implementation (see the module docstring)."""
+  """One grouped-matmul implementation (see the module docstring).
+
+  gathers_rows: whether `matmul` and `weight_grad` take `slot_layout.IndexedRows` for their
+  row operands (rows loaded through the index inside the kernels); otherwise they get arrays.
+  """
   make_layout: Callable[..., slot_layout.SlotLayout]
   matmul: Callable[..., jax.Array]
   weight_grad: Callable[..., jax.Array]
+  gathers_rows: bool = False
+
+  def token_rows(self, values_n: jax.Array, layout: slot_layout.SlotLayout, k: int,
+                 scale_r: jax.Array | None = None):
+    """The layout's rows of a token-shared input [N, D] (row r: token row_slot[r] // k, times
+    scale_r[r] if given), in the form this backend's `matmul` and `weight_grad` take."""
+    rows = slot_layout.IndexedRows(values_n, slot_layout.token_rows_index(layout, k), scale_r)
+    return rows if self.gathers_rows else slot_layout.materialize(rows)
+
+  def slot_rows(self, values_s: jax.Array, layout: slot_layout.SlotLayout):
+    """The layout's rows of a per-slot input [S, D] (row r: slot row_slot[r]), likewise."""
+    rows = slot_layout.IndexedRows(values_s, layout.row_slot_r)
+    return rows if self.gathers_rows else slot_layout.materialize(rows)
 
 
 def _triton_matmul(layout, x_rm, w_eml, *, transpose, out_dtype, interpret):
-  """Forward kernel; on w^T (materialised, E*M*L elements) for the input gradient."""
+  """Forward kernel; on w^T (materialised, E*M*L elements) for the input gradient. Rows given
+  as `IndexedRows` are gathered in the kernel's loads."""
   w_emx = jnp.swapaxes(w_eml, 1, 2) if transpose else w_eml
   return triton_matmul.segment_matmul(x_rm, w_emx, layout.groups, out_dtype=out_dtype,
                                       interpret=interpret)
@@ -50,7 +74,8 @@ def _triton_weight_grad(layout, x_rm, dy_rl, *, num_experts, out_dtype, interpre
 def _triton_backend(interpret: bool) -> Backend:
   return Backend(slot_layout.sorted_layout,
                  functools.partial(_triton_matmul, interpret=interpret),
-                 functools.partial(_triton_weight_grad, interpret=interpret))
+                 functools.partial(_triton_weight_grad, interpret=interpret),
+                 gathers_rows=True)
 
 
 def _mosaic_matmul(layout, x_rm, w_eml, *, transpose, out_dtype):

@@ -16,7 +16,15 @@ of the backward pass, which is
     dg   = <dy[n], x[n, j] @ w[e]>  =  <dy[n] @ w[e]^T, x[n, j]>
 
 The last identity makes the gate gradient exact without keeping the ungated products: it
-reuses the input-gradient matmul, computed on the ungated dy and scaled by g afterwards.
+reuses the input-gradient matmul, computed on the ungated dy and scaled by g afterwards; the
+inner product is taken in token order (dy @ w^T gathered back to slots, against x[n]), so it
+needs no copy of x in expert order either.
+
+The rows of x and of the cotangent enter the kernels in the form the backend asks for
+(`Backend.token_rows` / `slot_rows`): on "pallas" the kernels load them through the sorted
+index (the gated weight gradient's rows g * dy with each row's gate applied as it is loaded),
+so neither pass copies x or dy into an [N*k, ...] array in expert order; the other backends
+get those copies, gathered in XLA.
 """
 
 import functools
@@ -30,10 +38,11 @@ from pallas_kernels import gather_oracle
 from pallas_kernels import slot_layout
 
 
-def _layout_x_rows(x: jax.Array, layout: slot_layout.SlotLayout, k: int) -> jax.Array:
+def _layout_x_rows(backend, x: jax.Array, layout: slot_layout.SlotLayout, k: int):
+  """x's rows in expert order, as the backend takes them (an array, or `IndexedRows`)."""
   if x.ndim == 2:
-    return slot_layout.rows_from_tokens(x, layout, k)
-  return slot_layout.rows_from_slots(x.reshape(-1, x.shape[-1]), layout)
+    return backend.token_rows(x, layout, k)
+  return backend.slot_rows(x.reshape(-1, x.shape[-1]), layout)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -46,7 +55,7 @@ def _grouped_cvmm_fwd(backend, x, sel_nk, w_eml, gates_nk):
   n, k = sel_nk.shape
   num_experts, _, size_l = w_eml.shape
   layout = backend.make_layout(sel_nk.reshape(-1), num_experts)
-  x_rm = _layout_x_rows(x, layout, k)
+  x_rm = _layout_x_rows(backend, x, layout, k)
   z_dtype = x.dtype if gates_nk is None else jnp.float32
   z_rl = backend.matmul(layout, x_rm, w_eml, transpose=False, out_dtype=z_dtype)
   z_nkl = jnp.take(z_rl, layout.slot_row_s, axis=0).reshape(n, k, size_l)
@@ -65,24 +74,25 @@ def _grouped_cvmm_bwd(backend, residuals, dy):
   num_slots = layout.slot_row_s.shape[0]
   n = x.shape[0]
   k = num_slots // n
+  dy = dy.astype(x.dtype)
   if gates_nk is None:
-    dy_rl = slot_layout.rows_from_slots(dy.reshape(num_slots, size_l), layout)
+    dy_rl = backend.slot_rows(dy.reshape(num_slots, size_l), layout)
   else:
-    dy_rl = slot_layout.rows_from_tokens(dy, layout, k)
-  dy_rl = dy_rl.astype(x.dtype)
+    dy_rl = backend.token_rows(dy, layout, k)
   u_rm = backend.matmul(layout, dy_rl, w_eml, transpose=True, out_dtype=jnp.float32)
-  x_rm = _layout_x_rows(x, layout, k)
+  u_nkm = jnp.take(u_rm, layout.slot_row_s, axis=0).reshape(n, k, size_m)
   dgates_nk = None
   if gates_nk is not None:
-    g_r = slot_layout.rows_from_slots(gates_nk.reshape(-1).astype(jnp.float32), layout)
-    dg_r = jnp.sum(u_rm * x_rm.astype(jnp.float32), axis=-1)
-    dgates_nk = jnp.take(dg_r, layout.slot_row_s).reshape(n, k).astype(gates_nk.dtype)
-    u_rm = u_rm * g_r[:, None]
-    dy_rl = (dy_rl.astype(jnp.float32) * g_r[:, None]).astype(x.dtype)
-  dx_nkm = jnp.take(u_rm, layout.slot_row_s, axis=0).reshape(n, k, size_m)
-  dx = (dx_nkm.sum(axis=1) if x.ndim == 2 else dx_nkm).astype(x.dtype)
-  dw_eml = backend.weight_grad(layout, x_rm, dy_rl, num_experts=num_experts,
-                               out_dtype=w_eml.dtype)
+    g_nk = gates_nk.astype(jnp.float32)
+    x_nkm = x[:, None, :] if x.ndim == 2 else x
+    dgates_nk = jnp.sum(u_nkm * x_nkm.astype(jnp.float32), axis=-1).astype(gates_nk.dtype)
+    u_nkm = u_nkm * g_nk[:, :, None]
+    # The weight gradient takes the gated cotangent rows g * dy.
+    g_r = slot_layout.rows_from_slots(g_nk.reshape(-1), layout)
+    dy_rl = backend.token_rows(dy, layout, k, scale_r=g_r)
+  dx = (u_nkm.sum(axis=1) if x.ndim == 2 else u_nkm).astype(x.dtype)
+  dw_eml = backend.weight_grad(layout, _layout_x_rows(backend, x, layout, k), dy_rl,
+                               num_experts=num_experts, out_dtype=w_eml.dtype)
   return dx, None, dw_eml, dgates_nk
 
 

@@ -17,6 +17,14 @@ width at the paper's sizes):
 
 Every impl of `backends` runs through it; "gather" is the oracle (`gather_oracle`). The
 "blocked" impl (CPUs) runs the same steps block by block in one loop per pass (below).
+
+The token-shared arrays (x in the forward; x and dy in the backward) reach the kernels in the
+form the backend asks for (`Backend.token_rows`): on "pallas" they stay [N, d] and the up
+projection, the down projection's input gradient and both weight gradients load their rows
+through the sorted index (ScatterMoE's gather in the loads, see `triton_matmul`), so no
+[N*k, d] copy of x or dy in expert order is made; other backends get those copies from XLA.
+The [R, d] outputs of the down projection and of the up projection's input gradient are
+still formed and gathered back to tokens.
 """
 
 import functools
@@ -74,7 +82,7 @@ def _fused_fwd(backend, activation, rate, x_nd, sel_nk, gates_nk, w_up_edg, w_do
                keep_nkg):
   n, k = sel_nk.shape
   layout = backend.make_layout(sel_nk.reshape(-1), w_up_edg.shape[0])
-  x_rd = slot_layout.rows_from_tokens(x_nd, layout, k)
+  x_rd = backend.token_rows(x_nd, layout, k)
   h_rg = backend.matmul(layout, x_rd, w_up_edg, transpose=False, out_dtype=x_nd.dtype)
   g_r = slot_layout.rows_from_slots(gates_nk.reshape(-1).astype(jnp.float32), layout)
   _, ga_rg = _hidden(activation, rate, h_rg, _keep_rows(keep_nkg, layout), g_r)
@@ -90,7 +98,7 @@ def _fused_bwd(backend, activation, rate, residuals, dy_nd):
   keep_rg = _keep_rows(keep_nkg, layout)
   g_r = slot_layout.rows_from_slots(gates_nk.reshape(-1).astype(jnp.float32), layout)
   a_rg, ga_rg = _hidden(activation, rate, h_rg, keep_rg, g_r)
-  dy_rd = slot_layout.rows_from_tokens(dy_nd.astype(x_nd.dtype), layout, k)
+  dy_rd = backend.token_rows(dy_nd.astype(x_nd.dtype), layout, k)
 
   da_rg = backend.matmul(layout, dy_rd, w_down_egd, transpose=True, out_dtype=jnp.float32)
   dg_r = jnp.sum(da_rg * a_rg.astype(jnp.float32), axis=-1)
@@ -103,7 +111,7 @@ def _fused_bwd(backend, activation, rate, residuals, dy_nd):
   dh_rg = dh_rg.astype(x_nd.dtype)
   dx_rd = backend.matmul(layout, dh_rg, w_up_edg, transpose=True, out_dtype=jnp.float32)
   dx_nd = _to_tokens(dx_rd, layout, n, k).astype(x_nd.dtype)
-  x_rd = slot_layout.rows_from_tokens(x_nd, layout, k)
+  x_rd = backend.token_rows(x_nd, layout, k)
   dw_up = backend.weight_grad(layout, x_rd, dh_rg, num_experts=num_experts,
                               out_dtype=w_up_edg.dtype)
   return dx_nd, None, dgates_nk, dw_up, dw_down, None

@@ -5,6 +5,12 @@ implementation except the gather oracle multiplies *rows* of a layout in which t
 one expert are contiguous; this module builds that layout once per `cvmm` call (the backward
 pass reuses it as a residual) plus, for the Pallas kernels, the table of (tile, expert)
 segments that lets each program touch the rows of exactly one expert.
+
+Rows are described by their source, not necessarily copied: row r of a layout holds slot
+`row_slot_r[r]`, i.e. token row `row_slot_r[r] // k` of a token-shared input. Backends whose
+kernels can load rows through an index (`backends.Backend.gathers_rows`) take an
+`IndexedRows` (the source array and that index) and gather inside their row loads; the
+others get the [R, D] copy (`rows_from_tokens`, `rows_from_slots`, `materialize`).
 """
 
 from typing import Any, NamedTuple
@@ -31,6 +37,31 @@ class SlotLayout(NamedTuple):
   row_slot_r: jax.Array
   slot_row_s: jax.Array
   groups: Any
+
+
+class IndexedRows(NamedTuple):
+  """Rows of a layout left in their source: row r is `source[index_r[r]]`, zeros where
+  `index_r[r]` is out of range (>= len(source): a padding row), times `scale_r[r]` when given
+  (in float32, rounded back to the source's dtype). A kernel that loads rows through the
+  index reads exactly what `materialize` would copy."""
+  source: jax.Array  # [N, D]
+  index_r: jax.Array  # [R] int32
+  scale_r: jax.Array | None = None  # [R] float32
+
+
+def token_rows_index(layout: SlotLayout, k: int) -> jax.Array:
+  """The token row each layout row reads from a token-shared [N, D] input (N for padding)."""
+  return layout.row_slot_r // k
+
+
+def materialize(rows: "jax.Array | IndexedRows") -> jax.Array:
+  """The [R, D] rows as an array (an array is returned as is)."""
+  if not isinstance(rows, IndexedRows):
+    return rows
+  values = jnp.take(rows.source, rows.index_r, axis=0, mode="fill", fill_value=0)
+  if rows.scale_r is None:
+    return values
+  return (values.astype(jnp.float32) * rows.scale_r[:, None]).astype(values.dtype)
 
 
 class SegmentTable(NamedTuple):
@@ -93,12 +124,12 @@ def segment_table(groups: ExpertGroups, num_rows: int, block_rows: int) -> Segme
 
 def rows_from_tokens(values_n: jax.Array, layout: SlotLayout, k: int) -> jax.Array:
   """Row r of the layout takes token row (slot // k); padding rows get zeros."""
-  return jnp.take(values_n, layout.row_slot_r // k, axis=0, mode="fill", fill_value=0)
+  return materialize(IndexedRows(values_n, token_rows_index(layout, k)))
 
 
 def rows_from_slots(values_s: jax.Array, layout: SlotLayout) -> jax.Array:
   """Row r of the layout takes slot row_slot[r]; padding rows get zeros."""
-  return jnp.take(values_s, layout.row_slot_r, axis=0, mode="fill", fill_value=0)
+  return materialize(IndexedRows(values_s, layout.row_slot_r))
 
 
 def cdiv(a: int, b: int) -> int:

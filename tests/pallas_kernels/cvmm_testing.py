@@ -47,6 +47,11 @@ CASES = (
     Case(64, 1, 3, 48, 128, True, False, "random", "bfloat16"),
     Case(300, 4, 3, 16, 128, False, True, "random", "bfloat16"),
     Case(7, 4, 16, 128, 16, True, True, "sparse", "bfloat16"),
+    # Token-shared x, which the Pallas kernels read through the sorted index (no copy): k = 1
+    # with empty experts, and k = 3 over uneven groups, both with N and N k off the 64-row
+    # tile.
+    Case(67, 1, 5, 40, 24, False, True, "sparse", "float32"),
+    Case(130, 3, 6, 24, 40, False, False, "random", "bfloat16"),
 )
 
 
