@@ -12,16 +12,16 @@ prefetch is TPU-only); rows, columns and M are masked, so no size has to be a po
 Block sizes come from `matmul_blocks` below, a rule on (rows, M, L, dtype) passed to the
 kernel as static arguments; it has not been tuned on a GPU yet.
 
-Row gather in the loads. x may be given as `slot_layout.IndexedRows`: an [N, M] source and
-the source row of each of the S rows (optionally a scale per row). A program then loads its
-tile's indices once (one int32 per row) and reads every x tile through them: a Triton load
-whose row offsets come from that vector, so each row of a tile is still one contiguous run of
-M. This is ScatterMoE's idea (Tan et al. 2024, shawntan/scattermoe: sort the indices, never
-the data): the up projection's input, the token rows that k slots share, is never copied into
-an [N*k, M] array in expert order by XLA (issue 59 found a third of the up projection
-forward's time on an H200 outside the kernel: this copy, the layout and the gated gather-sum).
-Written here from that description; no code is taken from it. What it saves on a GPU has not been measured
-yet: no GPU was lent when it was written. The load uses an integer array on both axes (rows x
+Row gather in the loads. x may be given as `slot_layout.IndexedRows`: an [N, M] source and the
+source row of each of the S rows (optionally a scale per row). A program then loads its tile's
+indices once (one int32 per row) and reads every x tile through them: a Triton load whose row
+offsets come from that vector, so each row of a tile is still one contiguous run of M. This is
+ScatterMoE's idea (Tan et al. 2024, shawntan/scattermoe: sort the indices, never the data):
+the up projection's input, the token rows that k slots share, is never copied into an [N*k, M]
+array in expert order by XLA (issue 59 found a third of the up projection forward's time on an
+H200 outside the kernel: this copy, the layout and the gated gather-sum). Written here from
+that description; no code is taken from it. What it saves on a GPU has not been measured yet:
+no GPU was lent when it was written. The load uses an integer array on both axes (rows x
 columns), the indexer that both the Triton lowering and interpret mode's discharge accept in
 JAX 0.10.2 (interpret mode refuses an array index mixed with a `pl.ds` slice).
 """

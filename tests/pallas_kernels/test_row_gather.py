@@ -4,11 +4,11 @@ Given a row operand as `slot_layout.IndexedRows`, the kernels read its row r as
 source[index[r]] (times scale[r] if given): here against the same kernels on the copy
 `slot_layout.materialize` makes (bit for bit: the tiles hold the same values) and against
 float64 numpy, with padding indices (past the source: zero rows), empty experts and row counts
-off the tile. Then the point of it: traced for value and
-gradients, `cvmm` and `expert_mlp` on "pallas" contain no gather of a token-shared [N, d]
-array (x, or the cotangent of a gated sum) into [N*k, d] rows, while a backend that does not gather in its kernels still makes
-that copy, as the Triton backend did before. (The values and gradients of both ops through
-this path are checked against float64 in test_cvmm_numerics.py and test_expert_mlp.py.)
+off the tile. Then the point of it: traced for value and gradients, `cvmm` and `expert_mlp` on
+"pallas" contain no gather of a token-shared [N, d] array (x, or the cotangent of a gated sum)
+into [N*k, d] rows, while a backend that does not gather in its kernels still makes that copy,
+as the Triton backend did before. (The values and gradients of both ops through this path are
+checked against float64 in test_cvmm_numerics.py and test_expert_mlp.py.)
 """
 
 import dataclasses
