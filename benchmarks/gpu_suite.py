@@ -21,7 +21,13 @@ and the suite goes on:
      S trio, MoEUT 44M and its dense baseline; bfloat16 compute, f32 parameters, on random
      tokens (no dataset is prepared): ms/step, tokens/s, against the comparison's baseline,
      peak memory.
-  5. decode: benchmarks/decode.py at its defaults.
+  5. step_profile: where the training step's device time goes (`benchmarks.step_profile`) for
+     the dense, sigma-MoE and SwitchHead WT-103 S models (`STEP_PROFILE`): a few traced steps,
+     device ms per category (matmuls, attention, dropout and RNG, norms and elementwise, MoE,
+     copies, optimizer, other), the top kernels, and the kernels' sum beside the measured step.
+     It reuses the steps the training part compiled (seconds each, run even past the part's
+     share); a model that part did not reach is compiled here only within the share.
+  6. decode: benchmarks/decode.py at its defaults.
 Writes DIR/gpu_suite.json and DIR/gpu_suite.md (Markdown tables for benchmarks/RESULTS.md)
 after every part (a part left out of --parts reads "skipped: --parts"), so a run that is
 killed keeps what it measured; prints the Markdown at the end and progress lines to stderr as
@@ -59,7 +65,7 @@ import jaxlib
 import numpy as np
 
 from benchmarks import cvmm as cvmm_benchmark
-from benchmarks import decode, gpu_suite_tables, roofline
+from benchmarks import decode, gpu_suite_tables, roofline, step_profile
 from benchmarks.lm_train_step import LMTrainStep
 from configs import moeut_paper, sigma_moe_paper, switchhead_paper, wt103_s_dense
 from pallas_kernels import IMPLS, cvmm
@@ -71,12 +77,12 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # started just before its part's end still runs; these shares are meant to leave the last
 # training cell (compiling the 16-layer model) and decoding room in the minute between the
 # default budget and 8 minutes (estimated: check the elapsed times of the first GPU run).
-PART_ENDS = {"tests": 0.3, "cvmm": 0.65, "training": 0.85, "decode": 1.0}
+PART_ENDS = {"tests": 0.3, "cvmm": 0.65, "training": 0.85, "step_profile": 0.9, "decode": 1.0}
 TEST_PATHS = ("tests/pallas_kernels", "tests/layers/test_moe_layers.py",
               "tests/layers/test_switchhead_attention.py",
               "tests/layers/test_switchhead_xl_attention.py",
               "tests/layers/test_switchhead_authors.py")
-PARTS = ("tests", "cvmm", "training", "decode")  # after "environment", which always runs
+PARTS = ("tests", "cvmm", "training", "step_profile", "decode")  # after "environment"
 TESTS_TIMEOUT_S = 240
 INTERRUPT_GRACE_S = 20  # for pytest to write its junit XML after a timeout's SIGINT
 TEST_WORKERS = 4  # pytest-xdist processes sharing the GPU: test time is mostly compilation.
@@ -102,15 +108,17 @@ class Scale:
   repeats: int  # timed samples per cvmm cell
   min_sample_ms: float  # a sample is as many calls as last this long (see `repeated_call`)
   train_steps: int  # timed training steps, after one warm-up step
+  profile_steps: int  # step_profile: timed steps, then as many traced ones (one warm-up)
   decode_argv: tuple[str, ...]
 
 
 GPU = Scale(smoke=False, tokens=32768, group=128, k=4, dtypes=("bfloat16", "float32"),
             d_models=(1024, 512), experts=(128, 32, 64, 16), repeats=10, min_sample_ms=2.0,
-            train_steps=5,
+            train_steps=5, profile_steps=3,
             decode_argv=())
 SMOKE = Scale(smoke=True, tokens=64, group=16, k=2, dtypes=("float32", "bfloat16"),
               d_models=(32,), experts=(4,), repeats=2, min_sample_ms=0.0, train_steps=2,
+              profile_steps=1,
               decode_argv=("--d_model=32", "--layers=1", "--context=4", "--repeats=2",
                            "--bandwidth_mib=4"))
 
@@ -473,13 +481,27 @@ def training_configs(comparisons: list[str], smoke: bool) -> list[tuple[str, str
   return rows
 
 
-def time_training(config, steps: int) -> dict:
-  """Median time of the jitted training step on one device, fed random tokens, after one
-  warm-up step; the compiled step's peak memory."""
-  mesh = parallel.make_mesh([1, 1, 1])
-  train_step = LMTrainStep(config, mesh)
+def model_key(config) -> tuple:
+  """What makes two rows one model: the model section and the batch shape."""
+  return config.model.to_json(sort_keys=True), config.data.batch_size, config.data.seq_len
+
+
+def build_training(config) -> tuple[LMTrainStep, dict]:
+  """The config's training step on one device, compiled, and its random batch."""
+  train_step = LMTrainStep(config, parallel.make_mesh([1, 1, 1]))
   batch = train_step.random_batch(np.random.default_rng(0))
-  compiled = train_step.compile(batch)
+  train_step.compile(batch)
+  return train_step, batch
+
+
+def time_training(config, steps: int, keep: dict | None = None) -> dict:
+  """Median time of the jitted training step on one device, fed random tokens, after one
+  warm-up step; the compiled step's peak memory. With `keep`, the compiled step and its
+  batch are left there under `model_key(config)` (for the step_profile part)."""
+  train_step, batch = build_training(config)
+  mesh, compiled = train_step.mesh, train_step.step_fn
+  if keep is not None:
+    keep[model_key(config)] = (train_step, batch)
   times = []
   with jax.set_mesh(mesh):
     for step in range(steps + 1):
@@ -493,14 +515,16 @@ def time_training(config, steps: int) -> dict:
           "loss": float(metrics["loss"])}
 
 
-def training_part(scale: Scale, budget: Budget, comparisons: list[str]) -> dict:
+def training_part(scale: Scale, budget: Budget, comparisons: list[str],
+                  compiled: dict | None = None) -> dict:
   """One row per model of `comparisons`; `x_baseline` is its comparison's baseline (first
   model) step time over this one's. A model already timed under another name (the sigma-MoE
   and SwitchHead papers' WT-103 S dense baselines are one model) is not compiled again: its
-  row repeats that row's numbers and says so (`same_model_as`)."""
+  row repeats that row's numbers and says so (`same_model_as`). The compiled steps of
+  `STEP_PROFILE`'s models are left in `compiled` (`time_training`)."""
   rows, timed = [], {}
   for comparison, name, config in training_configs(comparisons, scale.smoke):
-    key = (config.model.to_json(sort_keys=True), config.data.batch_size, config.data.seq_len)
+    key = model_key(config)
     row = {"comparison": comparison, "model": name, "batch_size": config.data.batch_size,
            "seq_len": config.data.seq_len, "dtype": config.model.dtype,
            "ff": config.model.ff.to_dict(), "attention": config.model.get("attention", "xl"),
@@ -516,7 +540,8 @@ def training_part(scale: Scale, budget: Budget, comparisons: list[str]) -> dict:
     progress(budget, f"training: {name}")
     try:
       row["params"] = model_report(config.model)["total_params"]
-      row.update(time_training(config, scale.train_steps))
+      keep = compiled if compiled is not None and name in STEP_PROFILE else None
+      row.update(time_training(config, scale.train_steps, keep))
       timed[key] = row
     except Exception as error:  # A config's failure is its row; the suite goes on.
       row.update(status="error", error=error_text(error))
@@ -528,7 +553,39 @@ def training_part(scale: Scale, budget: Budget, comparisons: list[str]) -> dict:
   return {"steps": scale.train_steps, "rows": rows}
 
 
-# Part 5: decoding.
+# Part 5: where the training step's time goes.
+
+STEP_PROFILE = ("dense wt103_s", "sigma_moe wt103_s", "switchhead wt103_s")  # rows of TRAINING
+
+
+def step_profile_part(scale: Scale, budget: Budget, compiled: dict) -> dict:
+  """`step_profile.device_report` of each `STEP_PROFILE` model: the training part's compiled
+  step when it left one in `compiled` (profiled whatever the time), else compiled here while
+  the part's share lasts. Frees the compiled steps at the end."""
+  configs = {name: config for _, name, config in training_configs(list(TRAINING), scale.smoke)}
+  rows = []
+  for name in STEP_PROFILE:
+    config = configs[name]
+    row = {"model": name, "batch_size": config.data.batch_size,
+           "seq_len": config.data.seq_len, "dtype": config.model.dtype, "status": "ok"}
+    rows.append(row)
+    cached = compiled.get(model_key(config))
+    if cached is None and budget.left("step_profile") <= 0:
+      row["status"] = "skipped: time budget"
+      continue
+    progress(budget, f"step_profile: {name}"
+                     f"{' (compiled by the training part)' if cached else ''}")
+    try:
+      train_step, batch = cached or build_training(config)
+      report = step_profile.device_report(train_step, batch, steps=scale.profile_steps, warmup=1)
+      row.update(report, compiled_by="training part" if cached else "step_profile part")
+    except Exception as error:  # A model's failure is its row; the suite goes on.
+      row.update(status="error", error=error_text(error))
+  compiled.clear()
+  return {"steps": scale.profile_steps, "models": rows}
+
+
+# Part 6: decoding.
 
 def decode_part(scale: Scale, out_dir: pathlib.Path, budget: Budget) -> dict:
   """benchmarks/decode.py's `main` (defaults on a GPU, tiny with --smoke); its table goes
@@ -615,9 +672,12 @@ def main(argv=None) -> dict:
                             "scale": dataclasses.asdict(scale)}, budget)
   run_part(report, budget, "environment", environment_part)
   impls = suite_impls(args.blocked or args.smoke)
+  compiled = {}  # training steps the training part compiled, for step_profile
   parts = {"tests": (tests_part, scale, out_dir, budget, args.tests),
            "cvmm": (cvmm_part, scale, budget, impls, report.save),
-           "training": (training_part, scale, budget, args.training),
+           "training": (training_part, scale, budget, args.training,
+                        compiled if "step_profile" in args.parts else None),
+           "step_profile": (step_profile_part, scale, budget, compiled),
            "decode": (decode_part, scale, out_dir, budget)}
   for name, (part, *part_args) in parts.items():
     if name in args.parts:

@@ -1,8 +1,9 @@
 """The Markdown of a `benchmarks.gpu_suite` report, ready to paste into benchmarks/RESULTS.md.
 
 One section per part: a summary line of the GPU tests, a table each for cvmm, the MoE layer,
-the training step and decoding. A part that did not run (or is still running) says so; cells
-that did not run read "skipped" or "error" and their reasons are listed under the table.
+the training step, where the step's time goes (step_profile) and decoding. A part that did
+not run (or is still running) says so; cells that did not run read "skipped" or "error" and
+their reasons are listed under the table.
 """
 
 import collections
@@ -135,6 +136,47 @@ def training_table(part: dict | None) -> str:
   return "\n".join(lines)
 
 
+STEP_PROFILE_TOP = 5  # kernels per model in the Markdown (the JSON holds step_profile.TOP)
+
+
+def step_profile_table(part: dict | None) -> str:
+  """Device ms/step per category, one column per model, the kernels' sum beside the
+  measured step; then each model's top kernels."""
+  title = "### Where the training step's time goes (benchmarks/step_profile.py)"
+  reason = not_run(part)
+  if reason:
+    return f"{title}\n\n{reason}"
+  models = [m for m in part["models"] if m["status"] == "ok"]
+  lines = [title, "", f"Device time per step of {part['steps']} traced steps (after a warm-up "
+           "step and as many timed ones), by category; share of the kernels' sum in brackets."]
+  if models:
+    labels = {c["category"]: c["label"] for c in models[0]["categories"]}
+    lines += ["", "| category | " + " | ".join(m["model"] for m in models) + " |",
+              "|---|" + "---:|" * len(models)]
+    for key, label in labels.items():
+      cells = []
+      for m in models:
+        c = next(c for c in m["categories"] if c["category"] == key)
+        cells.append(f"{c['ms']:.2f} ({100 * c['share']:.0f}%)")
+      lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines.append("| **kernels' sum** | " + " | ".join(f"{m['total']['ms']:.2f}" for m in models)
+                 + " |")
+    lines.append("| **measured step (wall)** | "
+                 + " | ".join(f"{m['total']['wall_ms']:.2f}" for m in models) + " |")
+    lines += ["", f"Top {STEP_PROFILE_TOP} kernels of each model:", "",
+              "| model | kernel | category | calls/step | ms/step |", "|---|---|---|---:|---:|"]
+    for m in models:
+      for k in m["top"][:STEP_PROFILE_TOP]:
+        lines.append(f"| {m['model']} | `{k['name'][:70]}` | {k['category']} | "
+                     f"{k['calls']:.0f} | {k['ms']:.3f} |")
+  others = [m for m in part["models"] if m["status"] != "ok"]
+  if others:
+    lines += ["", "Not measured:"] + [
+        f"- {m['model']}: {m['status'] if m['status'] != 'error' else m['error'][:300]}"
+        for m in others]
+  return "\n".join(lines)
+
+
 def decode_table(part: dict | None) -> str:
   title = "### Decoding one token (benchmarks/decode.py)"
   reason = not_run(part)
@@ -155,4 +197,5 @@ def markdown(report: dict) -> str:
   return "\n\n".join([header(report), tests_line(report.get("tests")),
                       cvmm_table(cvmm, "cvmm"), cvmm_table(cvmm, "moe_layer"),
                       training_table(report.get("training")),
+                      step_profile_table(report.get("step_profile")),
                       decode_table(report.get("decode"))]) + "\n"

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from benchmarks import decode, gpu_suite, gpu_suite_tables, roofline
+from benchmarks import decode, gpu_suite, gpu_suite_tables, roofline, step_profile
 
 MEASURED_IMPLS = ("dense", "pallas", "blocked", "ragged")
 no_gpu = pytest.mark.skipif(jax.default_backend() == "gpu", reason="checks the CPU behaviour")
@@ -26,10 +26,11 @@ def active_flops(cell: dict) -> int:
 
 
 def check_every_part_is_recorded(out, report):
-  assert list(report) == ["meta", "environment", "tests", "cvmm", "training", "decode"]
+  assert list(report) == ["meta", "environment", "tests", "cvmm", "training", "step_profile",
+                          "decode"]
   assert report["tests"]["status"] == "skipped: smoke"
   assert all(report[part]["status"] == "ok"
-             for part in ("environment", "cvmm", "training", "decode"))
+             for part in ("environment", "cvmm", "training", "step_profile", "decode"))
   assert report["meta"]["command"] == f"python -m benchmarks.gpu_suite --smoke --out {out}"
   assert report["environment"]["jax"] == jax.__version__
 
@@ -81,12 +82,31 @@ def check_training_and_decode_rows(out, report):
   assert [r["variant"] for r in report["decode"]["rows"]] == list(decode.VARIANTS)
 
 
+def check_step_profile_breaks_down_the_training_parts_steps(out, report):
+  models = report["step_profile"]["models"]
+  assert [m["model"] for m in models] == list(gpu_suite.STEP_PROFILE)
+  for model in models:
+    assert model["status"] == "ok" and model["mode"] == "device", model
+    assert model["compiled_by"] == "training part"  # not compiled a second time
+    categories = model["categories"]
+    assert [c["category"] for c in categories] == list(step_profile.CATEGORIES)
+    assert sum(c["ms"] for c in categories) == pytest.approx(model["total"]["ms"])
+    assert sum(c["share"] for c in categories) == pytest.approx(1.0)
+    assert model["total"]["ms"] > 0 and model["total"]["wall_ms"] > 0
+    assert model["top"] and all(k["ms"] > 0 for k in model["top"])
+  by_model = {m["model"]: {c["category"]: c["ms"] for c in m["categories"]} for m in models}
+  assert by_model["sigma_moe wt103_s"]["moe"] > 0 and by_model["dense wt103_s"]["moe"] == 0
+  assert by_model["switchhead wt103_s"]["moe"] > 0
+  assert all(ms["attention"] > 0 and ms["optimizer"] > 0 for ms in by_model.values())
+
+
 def check_markdown_holds_every_table(out, report):
   markdown = (out / "gpu_suite.md").read_text()
   assert markdown.count(gpu_suite_tables.CVMM_HEADER[0]) == 2
   assert "| dense 10 heads wt103_s (= dense wt103_s) |" in markdown
-  for title in ("### Training step", "### Decoding one token", "Tests on the device: Not "
-                "measured: skipped: smoke"):
+  for title in ("### Training step", "### Where the training step's time goes",
+                "| **measured step (wall)** |", "### Decoding one token",
+                "Tests on the device: Not measured: skipped: smoke"):
     assert title in markdown
 
 
@@ -100,6 +120,7 @@ def test_one_smoke_run_records_every_part_consistently(tmp_path):
   if jax.default_backend() != "gpu":
     check_mosaic_cells_are_recorded_errors_on_cpu(out, report)
   check_training_and_decode_rows(out, report)
+  check_step_profile_breaks_down_the_training_parts_steps(out, report)
   check_markdown_holds_every_table(out, report)
 
 
@@ -107,12 +128,23 @@ def test_no_cell_starts_after_the_time_budget_and_parts_left_out_are_skipped(tmp
   report = gpu_suite.main(["--smoke", "--budget_s", "0", "--out", str(tmp_path),
                            "--parts=cvmm,training,decode", "--training=moeut"])
   assert report["tests"] == {"status": "skipped: --parts"}
+  assert report["step_profile"] == {"status": "skipped: --parts"}
   assert [r["comparison"] for r in report["training"]["rows"]] == ["moeut", "moeut"]
   assert report["cvmm"]["cells"]
   assert {c["status"] for c in report["cvmm"]["cells"]} == {"skipped: time budget"}
   assert {r["status"] for r in report["training"]["rows"]} == {"skipped: time budget"}
   assert report["decode"]["status"] == "skipped: time budget"
   assert "skipped" in (tmp_path / "gpu_suite.md").read_text()
+
+
+def test_step_profile_alone_compiles_within_its_share_and_skips_past_it(tmp_path):
+  """Without the training part, step_profile compiles its models itself, while its share
+  lasts (budget 0: none)."""
+  report = gpu_suite.main(["--smoke", "--budget_s", "0", "--out", str(tmp_path),
+                           "--parts=step_profile"])
+  assert report["training"] == {"status": "skipped: --parts"}
+  assert {m["status"] for m in report["step_profile"]["models"]} == {"skipped: time budget"}
+  assert "skipped: time budget" in (tmp_path / "gpu_suite.md").read_text()
 
 
 @pytest.mark.parametrize("flag", ["--parts=tests,training,speed", "--training=moeut,gpt"])
