@@ -15,39 +15,19 @@ writes JSON.
 
 Why: a `quality_medium` dense seed ended 12-14% behind its twins with the same first-copy loss;
 this probe tells a model that never learned to copy from one that predicts worse overall.
+The scoring is `sparse_jax.tasks.copy_score`'s, which training runs also log at every
+evaluation on fewer slices (`copy_ratio`, docs/training.md).
 """
 
 import argparse
-import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from benchmarks.machine import machine_info, write_result
 from sparse_jax import data
+from sparse_jax.tasks.copy_score import copy_bits, copy_logits, repeated_slices
 from sparse_jax.tasks.runs import saved_config, task_for
-
-
-def repeated_slices(tokens: np.ndarray, rows: int, half: int, seed: int) -> np.ndarray:
-  """`[rows, 2 * half]`: random slices of `tokens`, each followed by itself."""
-  if len(tokens) < half:
-    raise ValueError(f"--half={half} is longer than the split ({len(tokens)} tokens)")
-  starts = np.random.default_rng(seed).integers(0, len(tokens) - half + 1, rows)
-  return np.stack([np.tile(tokens[s:s + half], 2) for s in starts])
-
-
-def copy_bits(logits_btv: jax.Array, x_bt: np.ndarray, skip: int) -> tuple[float, float]:
-  """Mean bits per token of the first and the second copy in `x_bt` (`repeated_slices`),
-  leaving out each copy's first `skip` targets. `logits_btv` are the predictions for
-  `x_bt[:, 1:]` from `x_bt[:, :-1]`; target `j` of a copy is predicted at position `j - 1`."""
-  half = x_bt.shape[1] // 2
-  nll_bt = np.asarray(optax.softmax_cross_entropy_with_integer_labels(
-      jnp.asarray(logits_btv, jnp.float32), jnp.asarray(x_bt[:, 1:])))
-  first = nll_bt[:, skip - 1:half - 1]
-  second = nll_bt[:, half + skip - 1:]
-  return float(first.mean() / math.log(2)), float(second.mean() / math.log(2))
 
 
 def probe(workdir: str, step: int | None, rows: int, half: int, skip: int, seed: int) -> dict:
@@ -57,8 +37,7 @@ def probe(workdir: str, step: int | None, rows: int, half: int, skip: int, seed:
   model = task.restore_model(workdir, step)
   tokens = np.asarray(data.load_split(task.typed.data, "validation").tokens)
   x_bt = repeated_slices(tokens, rows, half, seed)
-  memory = model.init_memory(rows, config.eval.mem_len)
-  logits_btv, _, _ = model(jnp.asarray(x_bt[:, :-1]), memory)
+  logits_btv = copy_logits(model, jnp.asarray(x_bt), config.eval.mem_len)
   first, second = copy_bits(logits_btv, x_bt, skip)
   return {"workdir": workdir, "step": step, "first_copy_bits": first,
           "second_copy_bits": second, "second_over_first": second / first}

@@ -1,4 +1,5 @@
-"""benchmarks/copy_probe.py: its scoring against hand-built copiers, and a run end to end."""
+"""benchmarks/copy_probe.py: its scoring (`sparse_jax.tasks.copy_score`) against hand-built
+copiers, and a run end to end."""
 
 import json
 import math
@@ -8,6 +9,7 @@ import pytest
 
 from benchmarks import copy_probe
 from sparse_jax.tasks import train_and_evaluate
+from sparse_jax.tasks.copy_score import copy_bits, repeated_slices
 
 VOCAB = 256
 
@@ -25,23 +27,23 @@ def _copier_logits(x_bt: np.ndarray, shift: int) -> np.ndarray:
 
 def test_repeated_slices_are_a_slice_and_its_repeat():
   tokens = np.arange(1000) % 251
-  x_bt = copy_probe.repeated_slices(tokens, rows=5, half=32, seed=3)
+  x_bt = repeated_slices(tokens, rows=5, half=32, seed=3)
   assert x_bt.shape == (5, 64)
   np.testing.assert_array_equal(x_bt[:, :32], x_bt[:, 32:])
   for row in x_bt:  # consecutive tokens of `tokens`
     start = int(np.flatnonzero(tokens == row[0])[0])
     np.testing.assert_array_equal(row[:32], tokens[start:start + 32])
-  with pytest.raises(ValueError, match="--half=2000 is longer than the split"):
-    copy_probe.repeated_slices(tokens, rows=1, half=2000, seed=0)
+  with pytest.raises(ValueError, match="half=2000 is longer than the split"):
+    repeated_slices(tokens, rows=1, half=2000, seed=0)
 
 
 def test_a_perfect_copier_scores_zero_on_the_second_copy_and_a_late_one_does_not():
   rng = np.random.default_rng(0)
-  x_bt = copy_probe.repeated_slices(rng.integers(0, VOCAB, 5000), rows=4, half=40, seed=1)
-  first, second = copy_probe.copy_bits(_copier_logits(x_bt, shift=1), x_bt, skip=5)
+  x_bt = repeated_slices(rng.integers(0, VOCAB, 5000), rows=4, half=40, seed=1)
+  first, second = copy_bits(_copier_logits(x_bt, shift=1), x_bt, skip=5)
   assert first == pytest.approx(math.log2(VOCAB))  # uniform over the vocabulary
   assert second == pytest.approx(0.0, abs=1e-6)
-  _, late = copy_probe.copy_bits(_copier_logits(x_bt, shift=0), x_bt, skip=5)
+  _, late = copy_bits(_copier_logits(x_bt, shift=0), x_bt, skip=5)
   assert late > 30  # the wrong token at logit 50 above the rest: ~50 / ln 2 bits
 
 

@@ -1,15 +1,23 @@
 """Language modelling: a `TransformerLM` on contiguous token streams, carrying XL memory.
 
 Config sections: `data` (`sparse_jax.data`), `model` (`models.lm`), `train`, `eval`
-(`batch_size`, `mem_len`, `max_batches`), `mesh`. Step t reads segment t of each of the
-`data.batch_size` streams, so the memory carried from step to step (and saved in every
-checkpoint as the item `memory`) holds the real preceding text.
+(`batch_size`, `mem_len`, `max_batches`, the `copy_*` fields of `LMEvalConfig`), `mesh`.
+Step t reads segment t of each of the `data.batch_size` streams, so the memory carried from
+step to step (and saved in every checkpoint as the item `memory`) holds the real preceding
+text.
+
+Every evaluation during training also scores in-context copying on fixed repeated slices of
+the validation split (`tasks.copy_score`: `copy_ratio`, `copy_first_bits`,
+`copy_second_bits` on the validation line) and warns once, with `copy_stalled: 1` on that
+line, when the run has stalled without learning to copy (`copy_score.StallRule`).
 """
 
 
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
+from absl import logging
 from flax import nnx
 
 from sparse_jax import data, parallel, schema, validation
@@ -20,9 +28,10 @@ from sparse_jax.models.lm import TransformerLM
 from sparse_jax.models.lm_config import LMConfig
 from sparse_jax.models.rngs import make_rngs
 from sparse_jax.models.xl_memory import XLMemory
+from sparse_jax.tasks import copy_score
 from sparse_jax.tasks.lm_evaluation import (Evaluator, cross_entropy, make_eval_step,
                                                     unit_metric)
-from sparse_jax.training import routing_health
+from sparse_jax.training import metrics_log, routing_health
 from sparse_jax.training.optimizer import TrainConfig, make_optimizer
 from sparse_jax.training.placement import Placement
 from sparse_jax.training.steps import join_rows, split_rows
@@ -31,11 +40,24 @@ from sparse_jax.training.task import Task
 
 class LMEvalConfig(schema.Schema):
   """The `eval` section: `batch_size` streams with XL memory of `mem_len` positions (the
-  paper: 4x the training context); `max_batches` None evaluates the whole split."""
+  paper: 4x the training context); `max_batches` None evaluates the whole split.
+
+  The copy score of every evaluation during training (`tasks.copy_score`): `copy_rows`
+  random slices of `copy_half` validation tokens (None: `data.seq_len // 2`, so both copies
+  fill one training segment), each followed by itself, drawn once per run; 0 rows: no score
+  and no stall warning. The stall warning (`copy_score.StallRule`) fires when the copy ratio
+  is still >= `copy_stall_ratio` (None: never warn) and fell by less than `copy_stall_drop`
+  over at least `copy_stall_window` steps (None: `train.warmup_steps`) past the warm-up.
+  """
 
   batch_size: schema.PositiveInt
   mem_len: schema.NonNegativeInt
   max_batches: schema.PositiveInt | None = None
+  copy_rows: schema.NonNegativeInt = 8
+  copy_half: schema.PositiveInt | None = None
+  copy_stall_ratio: schema.PositiveFloat | None = copy_score.STALL_RATIO
+  copy_stall_drop: schema.NonNegativeFloat = copy_score.STALL_DROP
+  copy_stall_window: schema.NonNegativeInt | None = None
 
 
 class LMExperiment(schema.Schema):
@@ -53,6 +75,25 @@ class LMExperiment(schema.Schema):
     validation.require(self.model.vocab_size >= vocab, "model.vocab_size",
                        f">= the vocabulary of data.name={self.data.name!r} ({vocab})",
                        self.model.vocab_size)
+    if self.eval.copy_rows:
+      validation.require(
+          2 <= self.copy_half <= self.data.seq_len // 2, "eval.copy_half",
+          f"in [2, data.seq_len // 2 = {self.data.seq_len // 2}] (both copies in one training "
+          f"segment), or eval.copy_rows=0 to score no copying", self.copy_half)
+
+  @property
+  def copy_half(self) -> int:
+    """Tokens per copy of the copy score: `eval.copy_half`, by default half a segment."""
+    return self.eval.copy_half or self.data.seq_len // 2
+
+  def stall_rule(self) -> copy_score.StallRule | None:
+    """The copy-stall rule of `eval.copy_stall_*` (None: no warning)."""
+    cfg = self.eval
+    if not cfg.copy_rows or cfg.copy_stall_ratio is None:
+      return None
+    window = self.train.warmup_steps if cfg.copy_stall_window is None else cfg.copy_stall_window
+    return copy_score.StallRule(ratio=cfg.copy_stall_ratio, drop=cfg.copy_stall_drop,
+                                window=window, start=self.train.warmup_steps)
 
 
 def build_model(config) -> TransformerLM:
@@ -103,6 +144,10 @@ class LanguageModelTask(Task):
     super().__init__(config)
     self.unit = self.typed.data.spec().unit
     self._valid, self._evaluator = None, None
+    self._copy_slices, self._copy_scorer = None, None  # `load_data`, the first `evaluate`.
+    self._optimizer = None  # `build`'s: its step is the step of each evaluation.
+    rule = self.typed.stall_rule()
+    self._stall = None if rule is None else copy_score.StallDetector(rule)
 
   @property
   def batch_size(self) -> int:
@@ -127,11 +172,36 @@ class LanguageModelTask(Task):
     _require_one_segment(len(train_tokens), cfg, "train", cfg.batch_size, "data.batch_size")
     _require_one_segment(len(self._valid.tokens), cfg, "validation", self.typed.eval.batch_size,
                          "eval.batch_size")
+    if self.typed.eval.copy_rows:  # Fits: copy_half <= seq_len // 2 (`LMExperiment.check`).
+      self._copy_slices = copy_score.repeated_slices(
+          self._valid.tokens, self.typed.eval.copy_rows, self.typed.copy_half,
+          copy_score.SLICE_SEED)
     return data.train_iterator(train_tokens, cfg.batch_size, cfg.seq_len,
                                placement.data_shard(cfg.batch_size))
 
   def init_model_and_optimizer(self):
     return build_model_and_optimizer(self.typed)
+
+  def build(self, placement: Placement) -> tuple[TransformerLM, nnx.Optimizer]:
+    """`Task.build`, keeping the optimiser: the engine puts its state back into it before
+    each evaluation, so its step count is the step being evaluated (the copy-stall warning
+    names it)."""
+    model, self._optimizer = super().build(placement)
+    return model, self._optimizer
+
+  def start(self, workdir: str, step: int) -> None:
+    """A resumed run's copy-stall detector, rebuilt from the validation lines it logged up to
+    its checkpoint's `step` (later ones are evaluated again), so that it judges the next
+    evaluation against the earlier ones and fires at most once per run. For the engine to
+    call once the run is built and restored: `training.task.Task` has no such hook yet, so
+    until it does a resumed run judges only the evaluations it makes itself."""
+    if self._stall is None or not step:
+      return
+    try:
+      records = metrics_log.latest_records(metrics_log.read_metrics(workdir), "validation")
+    except FileNotFoundError:
+      return
+    self._stall = copy_score.StallDetector.from_records(self._stall.rule, records, step)
 
   def batch_shapes(self) -> dict[str, jax.ShapeDtypeStruct]:
     return _token_batch(self.typed.data.batch_size, self.typed.data.seq_len)
@@ -184,10 +254,32 @@ class LanguageModelTask(Task):
     return unit_metric(metrics["ce"], self.unit)
 
   def evaluate(self, model: TransformerLM, placement: Placement) -> dict[str, float]:
+    """The loss over the validation split (`eval.max_batches` segments) and, unless
+    `eval.copy_rows=0`, the copy score with `copy_stalled: 1.0` where the run stalled."""
     if self._evaluator is None:
       self._evaluator = make_evaluator(self.typed, model, placement)
-    return self._evaluator(model, self._valid.tokens, max_batches=self.typed.eval.max_batches,
-                           words_per_token=self._valid.words_per_token)
+    metrics = self._evaluator(model, self._valid.tokens, max_batches=self.typed.eval.max_batches,
+                              words_per_token=self._valid.words_per_token)
+    if self._copy_slices is not None:
+      if self._copy_scorer is None:
+        self._copy_scorer = copy_score.CopyScorer(
+            model, self._copy_slices, skip=copy_score.default_skip(self.typed.copy_half),
+            mesh=placement.mesh)
+      metrics.update(self._copy_scorer(model))
+      metrics.update(self._check_stall(metrics["copy_ratio"]))
+    return metrics
+
+  def _check_stall(self, copy_ratio: float) -> dict[str, float]:
+    """`copy_stalled: 1.0` (and a warning naming the step) the first time the run has
+    stalled; nothing without a training run's optimiser (a model evaluated on its own)."""
+    if self._stall is None or self._optimizer is None:
+      return {}
+    step = int(np.asarray(self._optimizer.step.get_value().addressable_data(0)))
+    if not self._stall.update(step, copy_ratio):
+      return {}
+    if jax.process_index() == 0:
+      logging.warning("%s", self._stall.message())
+    return {"copy_stalled": 1.0}
 
   def evaluate_checkpoint(self, workdir: str, step: int, split: str,
                           max_batches: int | None) -> dict:
