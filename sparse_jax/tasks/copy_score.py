@@ -9,10 +9,11 @@ the second copy's first target follows the join). On the first copy that is ordi
 prediction from a short context; on the second, every token is already in the context, and a
 model that copies (induction heads: Olsson et al., 2022, "In-context learning and induction
 heads") needs far fewer bits. `copy_ratio` = second / first: near 1 for a model that does not
-copy, 0.27-0.56 for the `quality_medium` runs that learned to (benchmarks/RESULTS.md, "The
-copy probe"). `benchmarks/copy_probe.py` scores saved checkpoints with these functions; the
-language-model task (`tasks.lm`) scores the model at every evaluation on fixed slices of its
-validation split (`CopyScorer`), logged beside the loss.
+copy, 0.27-0.56 for the `quality_medium` runs that learned to
+(benchmarks/history/2026-11-28_quality_medium.md, "The copy probe").
+`benchmarks/copy_probe.py` scores saved checkpoints with these functions; the language-model
+task (`tasks.lm`) scores the model at every evaluation on fixed slices of its validation split
+(`CopyScorer`), logged beside the loss.
 
 **The stall.** 3 of the 12 `quality_medium` runs "stalled" just after the warm-up's peak and
 never caught up, with no loss spike: each had a weak or missing copy mechanism.
@@ -133,24 +134,24 @@ class StallRule:
     `[start, s - window]`: over at least `window` steps, all of them past `start` (the end of
     the warm-up), it has not started to copy. With no such evaluation yet, it is not judged.
 
-  Calibration (benchmarks/RESULTS.md, `quality_medium`: warm-up to step 400, an evaluation
-  every 500 steps; `benchmarks/copy_probe*.json`, 16 slices of 128 bytes where training scores
-  8 by default). The stalled runs' ratios: 0.93 and 0.94 at step 1000, 0.82 and 0.90 at step
-  1500 (two of the stalled seeds, rerun at half the peak learning rate: they stalled at the
-  same steps), 0.92 at steps 3500 and 4000 (prose dense seed 2). The runs that did not stall:
-  0.78 at step 1000 (the slowest: a healthy seed at half the peak rate), 0.44 at step 1500,
-  0.27-0.56 at step 4000. So `ratio` 0.8 sits between the healthy runs' highest ratio from
-  step 1000 on and the stalled runs' lowest up to step 1500, and `drop` 0.1 between what the
-  two kinds lose over the first evaluation interval past the warm-up (steps 500 to 1000): the
-  probe was not taken at step 500, but there the builtin runs' training losses were within
-  0.4% of each other (they part from step 600), and a model that does not copy yet scores ~1
-  (0.98-1.0 at initialisation and in the tests' runs before they copy): from ~1, the healthy
-  runs fell by >= 0.2 and the stalled ones by <= ~0.07. With `window` and `start` at the
+  Calibration (`quality_medium`, benchmarks/history/2026-11-28_quality_medium.md: warm-up to
+  step 400, an evaluation every 500 steps; `benchmarks/copy_probe*.json`, 16 slices of 128 bytes
+  where training scores 8 by default). The stalled runs' ratios: 0.93 and 0.94 at step 1000,
+  0.82 and 0.90 at step 1500 (two of the stalled seeds, rerun at half the peak learning rate:
+  they stalled at the same steps), 0.92 at steps 3500 and 4000 (prose dense seed 2). The runs
+  that did not stall: 0.78 at step 1000 (the slowest: a healthy seed at half the peak rate),
+  0.44 at step 1500, 0.27-0.56 at step 4000. So `ratio` 0.8 sits between the healthy runs'
+  highest ratio from step 1000 on and the stalled runs' lowest up to step 1500, and `drop` 0.1
+  between what the two kinds lose over the first evaluation interval past the warm-up (steps 500
+  to 1000): the probe was not taken at step 500, but there the builtin runs' training losses
+  were within 0.4% of each other (they part from step 600), and a model that does not copy yet
+  scores ~1 (0.98-1.0 at initialisation and in the tests' runs before they copy): from ~1, the
+  healthy runs fell by >= ~0.2 and the stalled ones by <= ~0.07. With `window` and `start` at the
   warm-up (the defaults), the rule fires at step 1000 for the stalled seeds and never for the
-  others (tests/tasks/test_copy_score.py replays these histories). The stalled runs do keep learning to copy, slowly (0.93 -> 0.82
-  over steps 1000-1500 for one; 0.52 and 0.56 at step 4000 for two of them, as high as
-  healthy prose runs), so the rule judges the first steps past the warm-up, where the runs
-  part, and the final ratio alone does not tell a stalled run.
+  others (tests/tasks/test_copy_score.py replays these histories). The stalled runs do keep
+  learning to copy, slowly (0.93 -> 0.82 over steps 1000-1500 for one; 0.52 and 0.56 at step
+  4000 for two of them, as high as healthy prose runs), so the rule judges the first steps past
+  the warm-up, where the runs part, and the final ratio alone does not tell a stalled run.
   """
 
   ratio: float
@@ -209,6 +210,6 @@ class StallDetector:
             f"{ratio:.2f} (second over first copy of repeated validation text; ~1 means no "
             f"copying) is >= {self.rule.ratio} and fell by less than {self.rule.drop} since "
             f"an evaluation at least {self.rule.window} steps earlier, past the warm-up. Runs "
-            f"that stall like this end well behind their twins (benchmarks/RESULTS.md, "
-            f"quality_medium): consider restarting with another seed "
+            f"that stall like this end well behind their twins (benchmarks/history/"
+            f"2026-11-28_quality_medium.md): consider restarting with another seed "
             f"(sparse_jax.tasks.copy_score).")

@@ -1,7 +1,7 @@
 """sparse_jax.tasks.copy_score: the copy score against brute force, the stall rule on histories
-shaped like the recorded `quality_medium` runs (benchmarks/RESULTS.md), and training runs that
-log the score at every evaluation: one made to stall warns naming the step, one that learns to
-copy does not."""
+shaped like the recorded `quality_medium` runs
+(benchmarks/history/2026-11-28_quality_medium.md), and training runs that log the score at
+every evaluation: one made to stall warns naming the step, one that learns to copy does not."""
 
 import logging
 import math
