@@ -192,9 +192,7 @@ class LanguageModelTask(Task):
   def start(self, workdir: str, step: int) -> None:
     """A resumed run's copy-stall detector, rebuilt from the validation lines it logged up to
     its checkpoint's `step` (later ones are evaluated again), so that it judges the next
-    evaluation against the earlier ones and fires at most once per run. For the engine to
-    call once the run is built and restored: `training.task.Task` has no such hook yet, so
-    until it does a resumed run judges only the evaluations it makes itself."""
+    evaluation against the earlier ones and fires at most once per run."""
     if self._stall is None or not step:
       return
     try:

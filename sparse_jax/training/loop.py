@@ -129,6 +129,7 @@ class Run:
       self.start, extras = restored
       _print(f"Resuming from the checkpoint of step {self.start} in {workdir}.")
       self.carry = task.carry_from_extras(extras, self.carry)
+    task.start(workdir, self.start)
     self.writer = MetricsWriter(workdir) if is_main_process() else None
     self.routing_health = RoutingHealth(warn=is_main_process())
     self.lr = learning_rate_schedule(train_cfg)

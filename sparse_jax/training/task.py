@@ -154,6 +154,12 @@ class Task(abc.ABC):
     del carry
     return {}
 
+  def start(self, workdir: str, step: int) -> None:
+    """Called once the run is built and restored, before its first step, with the run's folder
+    and the step it starts from (0, or the restored checkpoint's): where a task rebuilds state
+    it keeps across evaluations from what the run logged."""
+    del workdir, step
+
   def carry_from_extras(self, extras: dict, carry):
     """The carry restored from `checkpoint_extras`' items."""
     del extras

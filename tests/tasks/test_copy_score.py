@@ -21,6 +21,7 @@ from sparse_jax.tasks.lm import LanguageModelTask, build_model
 from sparse_jax.training.metrics_log import latest_records, read_metrics
 from sparse_jax.training.placement import Placement
 from sparse_jax.validation import ConfigError
+from tests.training.training_testing import patch_step, sigterm_at
 
 
 # --- The score ------------------------------------------------------------------------------
@@ -243,6 +244,22 @@ def test_a_run_made_to_stall_logs_the_score_and_warns_once_naming_the_step(tmp_p
   assert task._stall.fired_at == 250 and len(task._stall.history) == 6
   task.start(workdir, 200)
   assert task._stall.fired_at is None and task._stall.history[-1][0] == 200
+
+
+def test_a_run_resumed_before_the_stall_warns_at_the_same_step(tmp_path, caplog, monkeypatch):
+  """Stopped after step 225 and resumed: the engine starts the task on its folder, so the
+  detector has the evaluations of steps 50-200 and fires at 250 as the straight run does
+  (without them it could not judge before step 430, past the run's end)."""
+  workdir = str(tmp_path / "run")
+  config = copy_run_config(tmp_path, lr=1e-9)
+  config.train.ckpt_every = 75
+  with monkeypatch.context() as m:
+    patch_step(m, sigterm_at(224))
+    assert train_and_evaluate(config, workdir)["step"] == 225
+  with caplog.at_level(logging.WARNING):
+    train_and_evaluate(config, workdir)
+  assert [r["step"] for r in _validation_lines(workdir) if r.get("copy_stalled")] == [250]
+  assert len([m for m in caplog.messages if "not learning to copy" in m]) == 1
 
 
 def test_a_run_that_learns_to_copy_does_not_warn(tmp_path, caplog):
