@@ -105,10 +105,11 @@ _GRADIENT = re.compile(r"jvp\(|transpose\(jvp|vmap\(jvp")
 # Matched against a function's own name (a method's without its class).
 _ATTENTION_FUNCTIONS = re.compile(r"^(attend|attend_\w+|rel_shift|\w*mask|\w*softmax\w*|"
                                   r"\w*scores|\w*attention)$")
-_MOE_MODULES = frozenset({"moe", "expert_parallel", "sigma", "routing", "expert_mlp",
-                          "slot_layout", "triton_matmul", "triton_weight_grad", "mosaic_matmul",
-                          "mosaic_weight_grad", "cvmm", "blocked", "ragged", "megablox",
-                          "backends", "gather_oracle"})
+# sparse_jax/layers/{moe,expert_parallel}.py, the routers and pallas_kernels/ (file stems).
+_MOE_MODULES = frozenset({"moe", "expert_parallel", "sigma", "routing", "switch", "sbase",
+                          "noisy_topk", "softmax", "expert_mlp", "slot_layout", "triton_matmul",
+                          "triton_weight_grad", "mosaic_matmul", "mosaic_weight_grad", "cvmm",
+                          "blocked", "ragged", "megablox", "backends", "gather_oracle"})
 _MOE_FUNCTIONS = re.compile(r"\.(route|project_v|project_out|_aux|_global_ids)$")
 _MOE_OP_NAME = re.compile(r"pallas_call|segment_matmul|cvmm|weight_grad|mosaic")
 _GEMM_TARGETS = re.compile(r"cublas|gemm|matmul|cudnn\$conv", re.IGNORECASE)
@@ -154,8 +155,8 @@ def is_matmul(op: Op) -> bool:
     return True
   if op.opcode == "custom-call":
     return bool(_GEMM_TARGETS.search(op.target))
-  if op.opcode == "fusion":
-    return "gemm" in op.name or fusion_root(op.name) in ("dot", "convolution")
+  if op.opcode == "fusion":  # Triton GEMM fusions, XLA:CPU's ynn/onednn dot fusions, ...
+    return "gemm" in op.name or bool({"dot", "convolution"} & set(op.fused))
   return not op.opcode and bool(_GEMM_KERNEL.search(op.name))  # a kernel known by name only
 
 
@@ -778,7 +779,10 @@ def markdown(report: dict) -> str:
            if report["mode"] == "deviceless" else report["device_kind"])
   lines = [f"### `{report['config']}`: {where}", "",
            f"{report['dtype']} compute, float32 parameters, batch {report['batch_size']} x "
-           f"{report['seq_len']}; module `{report['module']}`.", ""]
+           f"{report['seq_len']}; module `{report['module']}`."]
+  if report.get("command"):
+    lines.append(f"Command: `{report['command']}`.")
+  lines.append("")
   total = report["total"]
   if report["mode"] == "deviceless":
     peaks = report["peaks"]
@@ -792,6 +796,9 @@ def markdown(report: dict) -> str:
                    f"{_fmt(c['bytes'] / 1e9)} | {_fmt(c['floor_ms'])} | {c['share']:.1%} |")
     lines.append(f"| **total** | {total['launches']:,} | {_fmt(total['flops'] / 1e9, 1)} | "
                  f"{_fmt(total['bytes'] / 1e9)} | {_fmt(total['floor_ms'])} | 100% |")
+    if report.get("xla_options"):
+      lines += ["", f"Compiled with XLA options {report['xla_options']} (the GEMMs go to cuBLAS: "
+                    "`sparse_jax/training/xla_fallbacks.py`)."]
     pads = report["pads"]
     kinds = ", ".join(f"{kind} {count:,}" for kind, count in report["launch_kinds"].items())
     lines += ["", f"Launches: {kinds}. Pad fusions: {pads['launches']:,} "

@@ -73,6 +73,8 @@ CASES = [
         ("precision:_narrow_f32_einsum", "lm:TransformerLM.logits"), target="__cublas$gemm"),
      "matmuls"),
     (Op("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"), "matmuls"),
+    (Op("ynn_fusion.43", "fusion", "jit(train_step)/jvp(btd,dhc->bthc)/dot_general", ATTENTION,
+        fused=("convert", "dot", "parameter")), "matmuls"),  # XLA:CPU's dot fusion
     # The embedding's gradient, a scatter.
     (Op("input_scatter_fusion.8", "fusion",
         "jit(train_step)/transpose(jvp(jit(_take)))/scatter-add", ("lm:TransformerLM._embed",),
