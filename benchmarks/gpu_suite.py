@@ -28,6 +28,11 @@ and the suite goes on:
      It reuses the steps the training part compiled (seconds each, run even past the part's
      share); a model that part did not reach is compiled here only within the share.
   6. decode: benchmarks/decode.py at its defaults.
+  7. side_by_side (only when --parts names it; give it a call of its own, about 7 minutes):
+     benchmarks/cvmm_side_by_side.py, our cvmm projections against cvmm_codex's
+     dense-equivalent probe and, with `--theirs=DIR` (their sources staged by
+     `python -m benchmarks.cvmm_side_by_side --stage_theirs=third_party`), against the
+     authors' original CVMM, cvmm_codex and ScatterMoE, on the same inputs.
 Writes DIR/gpu_suite.json and DIR/gpu_suite.md (Markdown tables for benchmarks/RESULTS.md)
 after every part (a part left out of --parts reads "skipped: --parts"), so a run that is
 killed keeps what it measured; prints the Markdown at the end and progress lines to stderr as
@@ -65,7 +70,7 @@ import jaxlib
 import numpy as np
 
 from benchmarks import cvmm as cvmm_benchmark
-from benchmarks import decode, gpu_suite_tables, roofline, step_profile
+from benchmarks import cvmm_side_by_side, decode, gpu_suite_tables, roofline, step_profile
 from benchmarks.lm_train_step import LMTrainStep
 from configs import moeut_paper, sigma_moe_paper, switchhead_paper, wt103_s_dense
 from pallas_kernels import IMPLS, cvmm
@@ -77,12 +82,15 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # started just before its part's end still runs; these shares are meant to leave the last
 # training cell (compiling the 16-layer model) and decoding room in the minute between the
 # default budget and 8 minutes (estimated: check the elapsed times of the first GPU run).
-PART_ENDS = {"tests": 0.3, "cvmm": 0.65, "training": 0.85, "step_profile": 0.9, "decode": 1.0}
+PART_ENDS = {"tests": 0.3, "cvmm": 0.65, "training": 0.85, "step_profile": 0.9, "decode": 1.0,
+             "side_by_side": 1.0}
 TEST_PATHS = ("tests/pallas_kernels", "tests/layers/test_moe_layers.py",
               "tests/layers/test_switchhead_attention.py",
               "tests/layers/test_switchhead_xl_attention.py",
               "tests/layers/test_switchhead_authors.py")
-PARTS = ("tests", "cvmm", "training", "step_profile", "decode")  # after "environment"
+PARTS = ("tests", "cvmm", "training", "step_profile", "decode", "side_by_side")  # after
+# "environment"; the default --parts leaves out side_by_side, which needs a call of its own.
+DEFAULT_PARTS = PARTS[:-1]
 TESTS_TIMEOUT_S = 240
 INTERRUPT_GRACE_S = 20  # for pytest to write its junit XML after a timeout's SIGINT
 TEST_WORKERS = 4  # pytest-xdist processes sharing the GPU: test time is mostly compilation.
@@ -617,6 +625,16 @@ class Report:
     (self.out_dir / "gpu_suite.md").write_text(gpu_suite_tables.markdown(self.data))
 
 
+def side_by_side_part(scale: Scale, out_dir: pathlib.Path, budget: Budget,
+                      theirs: str | None) -> dict:
+  """Our cvmm beside the dense-equivalent probe and their kernels
+  (`benchmarks.cvmm_side_by_side`), within what is left of the budget."""
+  left = budget.left("side_by_side")
+  if left <= 0:
+    return {"status": "skipped: time budget"}
+  return cvmm_side_by_side.suite_part(out_dir, left, theirs=theirs, smoke=scale.smoke)
+
+
 def run_part(report: Report, budget: Budget, name: str, part, *args) -> None:
   """Runs a part; an exception becomes the part's error (with its traceback)."""
   progress(budget, f"part {name}")
@@ -637,9 +655,13 @@ def parse_args(argv):
                       help="seconds from the start after which no cell starts")
   parser.add_argument("--blocked", action="store_true",
                       help="also time impl='blocked' (the XLA path for CPU/TPU; on with --smoke)")
-  parser.add_argument("--parts", default=",".join(PARTS),
+  parser.add_argument("--parts", default=",".join(DEFAULT_PARTS),
                       help=f"comma-separated parts to run, of {','.join(PARTS)} (the "
                            "environment always runs); the others read 'skipped: --parts'")
+  parser.add_argument("--theirs", default=None,
+                      help="side_by_side: their staged sources (python -m "
+                           "benchmarks.cvmm_side_by_side --stage_theirs=third_party); without "
+                           "it, ours and the probes only")
   parser.add_argument("--tests", default=",".join(TEST_PATHS),
                       help="comma-separated test paths the tests part runs on the GPU")
   parser.add_argument("--training", default=",".join(TRAINING),
@@ -678,7 +700,8 @@ def main(argv=None) -> dict:
            "training": (training_part, scale, budget, args.training,
                         compiled if "step_profile" in args.parts else None),
            "step_profile": (step_profile_part, scale, budget, compiled),
-           "decode": (decode_part, scale, out_dir, budget)}
+           "decode": (decode_part, scale, out_dir, budget),
+           "side_by_side": (side_by_side_part, scale, out_dir, budget, args.theirs)}
   for name, (part, *part_args) in parts.items():
     if name in args.parts:
       run_part(report, budget, name, part, *part_args)

@@ -1,12 +1,15 @@
 """The Markdown of a `benchmarks.gpu_suite` report, ready to paste into benchmarks/RESULTS.md.
 
 One section per part: a summary line of the GPU tests, a table each for cvmm, the MoE layer,
-the training step, where the step's time goes (step_profile) and decoding. A part that did
+the training step, where the step's time goes (step_profile), decoding and cvmm side by side
+with the authors' kernels. A part that did
 not run (or is still running) says so; cells that did not run read "skipped" or "error" and
 their reasons are listed under the table.
 """
 
 import collections
+
+from benchmarks import cvmm_side_by_side
 
 CVMM_HEADER = [
     "| dtype | d_model | N_E | impl | fwd ms | fwd TFLOP/s | fwd % roofline | fwd x dense "
@@ -191,6 +194,14 @@ def decode_table(part: dict | None) -> str:
   return "\n".join(lines)
 
 
+def side_by_side_table(part: dict | None) -> str:
+  """Our cvmm beside the dense-equivalent probe and their kernels
+  (`cvmm_side_by_side.format_table`)."""
+  title = "### cvmm side by side with the authors' kernels (benchmarks/cvmm_side_by_side.py)"
+  reason = not_run(part)
+  return f"{title}\n\n{reason or cvmm_side_by_side.format_table(part)}"
+
+
 def markdown(report: dict) -> str:
   """The whole report as Markdown."""
   cvmm = report.get("cvmm")
@@ -198,4 +209,5 @@ def markdown(report: dict) -> str:
                       cvmm_table(cvmm, "cvmm"), cvmm_table(cvmm, "moe_layer"),
                       training_table(report.get("training")),
                       step_profile_table(report.get("step_profile")),
-                      decode_table(report.get("decode"))]) + "\n"
+                      decode_table(report.get("decode")),
+                      side_by_side_table(report.get("side_by_side"))]) + "\n"

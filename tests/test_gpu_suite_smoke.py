@@ -27,7 +27,8 @@ def active_flops(cell: dict) -> int:
 
 def check_every_part_is_recorded(out, report):
   assert list(report) == ["meta", "environment", "tests", "cvmm", "training", "step_profile",
-                          "decode"]
+                          "decode", "side_by_side"]
+  assert report["side_by_side"] == {"status": "skipped: --parts"}
   assert report["tests"]["status"] == "skipped: smoke"
   assert all(report[part]["status"] == "ok"
              for part in ("environment", "cvmm", "training", "step_profile", "decode"))
@@ -145,6 +146,23 @@ def test_step_profile_alone_compiles_within_its_share_and_skips_past_it(tmp_path
   assert report["training"] == {"status": "skipped: --parts"}
   assert {m["status"] for m in report["step_profile"]["models"]} == {"skipped: time budget"}
   assert "skipped: time budget" in (tmp_path / "gpu_suite.md").read_text()
+
+
+def test_side_by_side_runs_only_when_asked_and_reports_ours_beside_the_probe(tmp_path):
+  """Left out of the default parts; asked for, it times our cvmm beside the dense-equivalent
+  probe (their kernels need PyTorch and CUDA: skipped here with the reason) and its table is
+  in the Markdown."""
+  assert "side_by_side" not in gpu_suite.parse_args(["--out", str(tmp_path)]).parts
+  report = gpu_suite.main(["--smoke", "--out", str(tmp_path), "--parts=side_by_side",
+                           "--theirs", str(tmp_path / "none")])
+  part = report["side_by_side"]
+  assert part["status"] == "ok" and report["cvmm"] == {"status": "skipped: --parts"}
+  ours = [r for r in part["rows"] if r["framework"] == "jax" and r["impl"] != "probe"]
+  assert ours and all(r["status"] == "ok" and r["x_probe"] > 0 for r in ours)
+  theirs = [r for r in part["rows"] if r["framework"] == "torch"]
+  assert theirs and all(r["status"].startswith("skipped: ") for r in theirs)
+  assert (tmp_path / "cvmm_side_by_side.json").is_file()
+  assert "side by side with the authors' kernels" in (tmp_path / "gpu_suite.md").read_text()
 
 
 @pytest.mark.parametrize("flag", ["--parts=tests,training,speed", "--training=moeut,gpt"])
