@@ -63,6 +63,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from pallas_kernels import backends
+from pallas_kernels.xl_attention import use_fused
 from sparse_jax import validation
 from sparse_jax.layers import initializers
 from sparse_jax.layers.expert_parallel import token_parallel_cvmm
@@ -302,8 +303,12 @@ class SwitchHeadXLAttention(SwitchHeadAttention):
     # Row p of the relative embeddings is distance K - 1 - p (`rel_shift`), offset -(K - 1 - p).
     pos_kd = sinusoid_embedding(-jnp.arange(k - 1, -1, -1), self.d_model, interleaved=True)
     r_khc = jnp.einsum("kd,dhc->khc", pos_kd.astype(dtype), self.w_pos[...].astype(dtype))
+    # The fused XL attention (`pallas_kernels.xl_attention`) where "auto" would pick it (one
+    # GPU, no attention dropout) and the grouped matmuls run on "auto" or "pallas".
+    fused = self.impl in ("auto", "pallas") and use_fused("auto", self.attn_dropout.rate)
     out_bthc = attend_relative(q_bthc, q_bthc, k_bkhc, v_bkhc, r_khc,
-                               1 / math.sqrt(self.head_dim), mem_valid, self.attn_dropout)
+                               1 / math.sqrt(self.head_dim), mem_valid, self.attn_dropout,
+                               fused=fused)
     return self.project_out(out_bthc, gates_o, sel_o), self._aux(
         sel_v[:, k - t:], sel_o, logits_v[:, k - t:], logits_o)
 

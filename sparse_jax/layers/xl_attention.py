@@ -9,6 +9,14 @@ where `r_d = W_r sinusoid(d)` is the projected relative embedding of the distanc
 are learned per-head content and position biases, and M is the memory length. The position
 term is computed for all distances at once and aligned with the pad-and-shift trick
 (`rel_shift`). Queries see the whole memory and causally the segment.
+
+Two paths compute the same attention (`impl`, the config's `model.attention_impl`): "xla"
+writes the float32 `[B, H, T, M + T]` scores, shifts, masks and softmaxes them in XLA (and the
+backward pass reads them again); "pallas" runs the fused kernels of
+`pallas_kernels.xl_attention` (flash attention whose scores stay on chip, the position term
+read through the skewed index; interpret mode off GPU), which have no attention dropout;
+"auto" is the fused kernels when tracing for a single GPU with `attn_dropout` 0, else "xla"
+(so CPU runs keep the XLA path).
 """
 
 import math
@@ -16,6 +24,8 @@ import math
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from pallas_kernels import xl_attention as fused_xl
 
 from sparse_jax.layers import initializers
 from sparse_jax.layers.precision import f32_einsum
@@ -59,10 +69,15 @@ def attention_mask(t: int, k: int, mem_valid: jax.Array) -> jax.Array:
 
 def attend_relative(q_content_bthc: jax.Array, q_position_bthc: jax.Array, k_bkhc: jax.Array,
                     v_bkhc: jax.Array, r_khc: jax.Array, scale, mem_valid: jax.Array,
-                    dropout: nnx.Dropout) -> jax.Array:
+                    dropout: nnx.Dropout, *, fused: bool = False) -> jax.Array:
   """`softmax((q_c . k_j + q_p . r_{i-j}) * scale, masked) V -> [B, T, H, Dh]`: the XL score
   of every query against `[memory; segment]`, `r_khc` the projected relative embeddings in
-  descending distance (row p: distance K - 1 - p, aligned by `rel_shift`); float32 scores."""
+  descending distance (row p: distance K - 1 - p, aligned by `rel_shift`); float32 scores.
+  With `fused` the same math runs in `pallas_kernels.xl_attention` (no dropout: the caller
+  checks, `fused_xl.use_fused`)."""
+  if fused:
+    return fused_xl.xl_attention(q_content_bthc, q_position_bthc, k_bkhc, v_bkhc, r_khc, scale,
+                                 mem_valid)
   t, k = q_content_bthc.shape[1], k_bkhc.shape[1]
   content_bhtk = f32_einsum("bthc,bkhc->bhtk", q_content_bthc, k_bkhc)
   position_bhtk = f32_einsum("bthc,khc->bhtk", q_position_bthc, r_khc)
@@ -76,12 +91,20 @@ class RelativeMultiHeadAttention(nnx.Module):
   """Multi-head attention with Transformer-XL relative positions over `[memory; segment]`.
 
   Scores are scaled by `1/sqrt(head_dim)`, or with `learned_scale` by one trained scalar
-  starting there (the sigma-MoE authors' Transformer-XL).
+  starting there (the sigma-MoE authors' Transformer-XL). `impl` picks the attention core
+  (module docstring; `pallas_kernels.xl_attention.XL_IMPLS`): "pallas" with attention dropout
+  is a ValueError.
   """
 
   def __init__(self, d_model: int, n_heads: int, head_dim: int, *, n_layers: int,
-               attn_dropout: float = 0.0, learned_scale: bool = False, rngs: nnx.Rngs):
-    self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
+               attn_dropout: float = 0.0, learned_scale: bool = False, impl: str = "auto",
+               rngs: nnx.Rngs):
+    if impl not in fused_xl.XL_IMPLS:
+      raise ValueError(f"impl must be one of {fused_xl.XL_IMPLS}, got {impl!r}")
+    if impl == "pallas" and attn_dropout > 0:
+      raise ValueError(f"impl='pallas' (the fused XL attention) has no attention dropout: "
+                       f"attn_dropout must be 0, got {attn_dropout}")
+    self.d_model, self.n_heads, self.head_dim, self.impl = d_model, n_heads, head_dim, impl
     # Q, K, V and the relative-position projection R, then the output.
     self.w_q, self.w_k, self.w_v, self.w_r, self.w_o = initializers.head_projections(
         d_model, n_heads, head_dim, n_layers=n_layers, n_inputs=4, rngs=rngs)
@@ -116,5 +139,6 @@ class RelativeMultiHeadAttention(nnx.Module):
     q_v = q_bthc + self.v_bias[...].astype(dtype)
     scale = 1 / math.sqrt(self.head_dim) if self.scale is None else self.scale[...]
     out_bthc = attend_relative(q_u, q_v, k_bkhc, v_bkhc, r_khc, scale, mem_valid,
-                               self.attn_dropout)
+                               self.attn_dropout,
+                               fused=fused_xl.use_fused(self.impl, self.attn_dropout.rate))
     return jnp.einsum("bthc,hcd->btd", out_bthc, self.w_o[...].astype(dtype))

@@ -43,7 +43,8 @@ def build_attention(cfg: LMConfig, rngs: nnx.Rngs) -> nnx.Module:
   if cfg.attention == "xl":
     return RelativeMultiHeadAttention(cfg.d_model, cfg.n_heads, head_dim_of(cfg),
                                       n_layers=cfg.n_layers, attn_dropout=dropout,
-                                      learned_scale=cfg.attn_scale == "learned", rngs=rngs)
+                                      learned_scale=cfg.attn_scale == "learned",
+                                      impl=cfg.attention_impl, rngs=rngs)
   if cfg.attention == "causal":
     return CausalSelfAttention(cfg.d_model, cfg.n_heads, head_dim_of(cfg),
                                n_layers=cfg.n_layers, attn_dropout=dropout, rotary=rotary,

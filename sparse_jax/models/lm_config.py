@@ -11,6 +11,7 @@ import jax
 import ml_collections
 
 import pallas_kernels
+from pallas_kernels.xl_attention import XL_IMPLS
 from sparse_jax import schema, validation
 from sparse_jax.layers.precision import COMPUTE_DTYPES
 from sparse_jax.layers.rotary import rotated_channels
@@ -23,6 +24,8 @@ ATTENTION_KINDS = ("xl", "causal", "sparse_qkv", "switchhead", "switchhead_xl")
 XL_KINDS = ("xl", "switchhead_xl")
 SWITCHHEAD_KINDS = ("switchhead", "switchhead_xl")
 ATTN_SCALES = ("fixed", "learned")
+# `attention_impl`: the grouped-matmul impls (SwitchHead) and "xla" (XL attention's XLA path).
+ATTENTION_IMPLS = tuple(dict.fromkeys(pallas_kernels.IMPLS + XL_IMPLS))
 # "pre": LayerNorm before each sublayer; "peri": MoEUT's, the LayerNorm read only by Q, K and
 # the routers, the values and the FF experts reading the raw residual (`models.blocks`).
 BLOCK_NORMS = ("pre", "peri")
@@ -74,10 +77,14 @@ class LMConfig(ModelConfig):
   # S, the modules of the sparse QKV layer (sparse_qkv attention only); None: n_heads.
   attention_sparsity: schema.PositiveInt | None = None
   # SwitchHead (SWITCHHEAD_KINDS only): E V and O experts per head, K of them active, and
-  # the grouped-matmul impl they run on (`pallas_kernels.IMPLS`).
+  # the grouped-matmul impl they run on (`pallas_kernels.IMPLS`; their XL attention core runs
+  # fused where "auto" would pick it, with "auto" or "pallas"). For "xl" attention, its core
+  # (`pallas_kernels.xl_attention.XL_IMPLS`): "xla" (scores in memory), "pallas" (the fused
+  # kernels; interpret mode off GPU; attn_dropout 0), "auto" (fused on one GPU with
+  # attn_dropout 0, else "xla": CPU runs keep the XLA path).
   attention_experts: schema.PositiveInt | None = None
   attention_k: schema.PositiveInt | None = None
-  attention_impl: Literal[pallas_kernels.IMPLS] = "auto"
+  attention_impl: Literal[ATTENTION_IMPLS] = "auto"
   # MoEUT (Csordas et al. 2024): G distinct blocks repeated in order (ABAB...) to make
   # `n_layers` (None: every layer its own), the peri-LayerNorm, and its regulariser of the
   # routers over time and repeats per sequence (`models.moeut_regularizer`).
@@ -132,10 +139,21 @@ class LMConfig(ModelConfig):
         validation.require(getattr(self, name) is None, f"{path}.{name}",
                            f"None unless attention is one of {SWITCHHEAD_KINDS}",
                            getattr(self, name))
+      if self.attention == "xl":
+        validation.require(self.attention_impl in XL_IMPLS, f"{path}.attention_impl",
+                           f"one of {XL_IMPLS} with 'xl' attention", self.attention_impl)
+        validation.require(self.attention_impl != "pallas" or self.attn_dropout == 0,
+                           f"{path}.attn_dropout",
+                           f"0 with {path}.attention_impl='pallas' (the fused XL attention "
+                           "has no attention dropout)", self.attn_dropout)
+        return
       validation.require(self.attention_impl == "auto", f"{path}.attention_impl",
-                         f"'auto' unless attention is one of {SWITCHHEAD_KINDS}",
+                         f"'auto' unless attention is 'xl' or one of {SWITCHHEAD_KINDS}",
                          self.attention_impl)
       return
+    validation.require(self.attention_impl in pallas_kernels.IMPLS, f"{path}.attention_impl",
+                       f"one of {pallas_kernels.IMPLS} with SwitchHead attention",
+                       self.attention_impl)
     experts, k = self.attention_experts, self.attention_k
     validation.require(experts is not None and experts >= 2, f"{path}.attention_experts",
                        "an int >= 2 with SwitchHead attention (the V and O experts per head)",
