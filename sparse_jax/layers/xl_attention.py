@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pallas_kernels import xl_attention as fused_xl
+from pallas_kernels.xl_attention import XL_IMPLS, use_fused, xl_attention
 
 from sparse_jax.layers import initializers
 from sparse_jax.layers.precision import f32_einsum
@@ -74,10 +74,10 @@ def attend_relative(q_content_bthc: jax.Array, q_position_bthc: jax.Array, k_bkh
   of every query against `[memory; segment]`, `r_khc` the projected relative embeddings in
   descending distance (row p: distance K - 1 - p, aligned by `rel_shift`); float32 scores.
   With `fused` the same math runs in `pallas_kernels.xl_attention` (no dropout: the caller
-  checks, `fused_xl.use_fused`)."""
+  checks, `use_fused`)."""
   if fused:
-    return fused_xl.xl_attention(q_content_bthc, q_position_bthc, k_bkhc, v_bkhc, r_khc, scale,
-                                 mem_valid)
+    return xl_attention(q_content_bthc, q_position_bthc, k_bkhc, v_bkhc, r_khc, scale,
+                        mem_valid)
   t, k = q_content_bthc.shape[1], k_bkhc.shape[1]
   content_bhtk = f32_einsum("bthc,bkhc->bhtk", q_content_bthc, k_bkhc)
   position_bhtk = f32_einsum("bthc,khc->bhtk", q_position_bthc, r_khc)
@@ -99,8 +99,8 @@ class RelativeMultiHeadAttention(nnx.Module):
   def __init__(self, d_model: int, n_heads: int, head_dim: int, *, n_layers: int,
                attn_dropout: float = 0.0, learned_scale: bool = False, impl: str = "auto",
                rngs: nnx.Rngs):
-    if impl not in fused_xl.XL_IMPLS:
-      raise ValueError(f"impl must be one of {fused_xl.XL_IMPLS}, got {impl!r}")
+    if impl not in XL_IMPLS:
+      raise ValueError(f"impl must be one of {XL_IMPLS}, got {impl!r}")
     if impl == "pallas" and attn_dropout > 0:
       raise ValueError(f"impl='pallas' (the fused XL attention) has no attention dropout: "
                        f"attn_dropout must be 0, got {attn_dropout}")
@@ -140,5 +140,5 @@ class RelativeMultiHeadAttention(nnx.Module):
     scale = 1 / math.sqrt(self.head_dim) if self.scale is None else self.scale[...]
     out_bthc = attend_relative(q_u, q_v, k_bkhc, v_bkhc, r_khc, scale, mem_valid,
                                self.attn_dropout,
-                               fused=fused_xl.use_fused(self.impl, self.attn_dropout.rate))
+                               fused=use_fused(self.impl, self.attn_dropout.rate))
     return jnp.einsum("bthc,hcd->btd", out_bthc, self.w_o[...].astype(dtype))

@@ -3,7 +3,8 @@ against the XLA path (`layers.xl_attention.attend_relative`, dropout off) and a 
 brute force: values and the gradients of q_u, q_v, k, v, r and a traced scale; odd head dims,
 T not a multiple of the block, memory partly valid, none valid, none at all; the LM with
 `model.attention_impl="pallas"` against "xla"; the config rules. Compiled for GPUs:
-tests/aot/test_xl_attention_compile.py."""
+tests/aot/test_xl_attention_compile.py. (Not test_xl_attention.py: tests/layers has one, and
+pytest's default import mode refuses two test modules of one basename.)"""
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +13,7 @@ import pytest
 from flax import nnx
 
 from configs import default
-from pallas_kernels import xl_attention as fused
+from pallas_kernels.xl_attention import XL_IMPLS, use_fused, xl_attention, xl_blocks
 from sparse_jax.layers.xl_attention import RelativeMultiHeadAttention, attend_relative
 from sparse_jax.models.lm import TransformerLM
 from sparse_jax.models.lm_config import validate_model_config
@@ -33,7 +34,7 @@ def _xla(*args, mem_valid):
 
 
 def _fused(*args, mem_valid):
-  return fused.xl_attention(*args, mem_valid, interpret=True)
+  return xl_attention(*args, mem_valid, interpret=True)
 
 
 def _value_and_grads(attend, args, mem_valid):
@@ -101,23 +102,23 @@ def test_fused_equals_a_float64_brute_force():
 
 def test_a_fixed_python_scale_and_eager_mem_valid_work():
   args = _inputs(1, 9, 4, 1, 6)
-  out = fused.xl_attention(*args, 0.25, 4, interpret=True)
+  out = xl_attention(*args, 0.25, 4, interpret=True)
   np.testing.assert_allclose(out, _xla(*args, 0.25, mem_valid=4), atol=2e-5, rtol=1e-5)
 
 
 def test_the_block_rule_pads_the_head_and_fits_small_problems():
-  blocks = fused.xl_blocks(256, 512, 41, jnp.bfloat16)
+  blocks = xl_blocks(256, 512, 41, jnp.bfloat16)
   assert (blocks.q, blocks.k, blocks.d) == (64, 64, 64)
-  assert fused.xl_blocks(256, 512, 41, jnp.bfloat16, backward=True).q == 32
-  assert (fused.xl_blocks(5, 8, 7, jnp.float32).q, fused.xl_blocks(5, 8, 7, jnp.float32).d) \
+  assert xl_blocks(256, 512, 41, jnp.bfloat16, backward=True).q == 32
+  assert (xl_blocks(5, 8, 7, jnp.float32).q, xl_blocks(5, 8, 7, jnp.float32).d) \
       == (16, 16)
 
 
 def test_auto_keeps_the_xla_path_on_cpu_and_pallas_refuses_dropout():
-  assert not fused.use_fused("auto", 0.0)  # These tests trace for the CPU.
-  assert fused.use_fused("pallas", 0.0) and not fused.use_fused("xla", 0.0)
+  assert not use_fused("auto", 0.0)  # These tests trace for the CPU.
+  assert use_fused("pallas", 0.0) and not use_fused("xla", 0.0)
   with pytest.raises(ValueError, match="attn_dropout"):
-    fused.use_fused("pallas", 0.1)
+    use_fused("pallas", 0.1)
   with pytest.raises(ValueError, match="attn_dropout"):
     RelativeMultiHeadAttention(8, 2, 4, n_layers=1, attn_dropout=0.1, impl="pallas",
                                rngs=nnx.Rngs(0))
@@ -170,6 +171,6 @@ def test_bad_xl_impl_configs_name_the_field(overrides, field):
 
 
 def test_xl_impl_configs_validate():
-  for impl in fused.XL_IMPLS:
+  for impl in XL_IMPLS:
     validate_model_config(_lm_config(attention_impl=impl))
   validate_model_config(_lm_config(attention_impl="auto", attn_dropout=0.1))
