@@ -20,7 +20,8 @@ useful block sizes; (b) a [bq, bq + bk - 1] tile matmul q_v @ r_window^T, then a
 extraction: Triton has no register gather; (c), taken here: the *unshifted* position scores
 P = q_v @ r^T [B, H, T, K] are one XLA matmul per layer in the compute dtype (one write), and
 the kernels read each tile's position scores from P through the skewed index
-(`P[i, j + T - 1 - i]`, a Triton load with an integer array on both axes), so the float32
+(`P[i, j + T - 1 - i]`, a Triton load with an integer array on both axes; P laid out
+[H, B, T, K], as the batched GEMM writes it), so the float32
 [B, H, T, K] scores, the shift, the mask and the softmax never touch memory. The backward
 kernel writes dP (the score gradient at the same skewed places, zeros where no key is) once,
 and XLA forms dq_v = dP @ r and dr = dP^T q_v from it. In float32 this is the current math
@@ -34,7 +35,7 @@ dk/dv and the dq kernels, dP written once and read by its two matmuls (0.84 GB):
 per step (benchmarks/step_profile), plus the q/k/v tile reads (k and v once per query block).
 
 Kernels (Pallas Triton; interpret mode off GPU), on 2-D views of the inputs (free
-reshapes: q [B T, H Dh], k and v [B K, H Dh], P [B H T, K]) with every tile masked, so no
+reshapes: q [B T, H Dh], k and v [B K, H Dh], P [H B T, K]) with every tile masked, so no
 size has to be a power of 2 or a multiple of a block (head dim 41 is padded to 64 inside):
 `_forward_kernel` (grid: query blocks x B H) runs the online softmax over the key blocks a
 query block can see, f32 accumulation, and saves the log-sum-exp; `_dkdv_kernel` (key
@@ -76,17 +77,19 @@ class XLBlocks:
   num_stages: int = 2
 
 
-def xl_blocks(t: int, k: int, head_dim: int, dtype, *, backward: bool = False) -> XLBlocks:
-  """64 x 64 tiles (32 x 32 in float32 or in the backward pass, whose kernels hold more f32
-  tiles), shrunk for small problems; the head dim padded to the next power of 2. 8 warps for
-  64 x 64 tiles, float32 or heads past 64: with 4, the bf16 forward at head dim 41 took 255
-  registers on an A100 and spilled, the f32 dk/dv kernel spilled 800 bytes on an H100 (ptxas;
-  tests/aot/test_xl_attention_compile.py)."""
-  small = backward or jnp.dtype(dtype).itemsize >= 4
+def xl_blocks(t: int, k: int, head_dim: int, dtype, kernel: str = "forward") -> XLBlocks:
+  """Tiles of `kernel` ("forward", "dkdv" or "dq"): 64 x 64 (32 x 32 in float32 or in the
+  backward kernels, which hold more f32 tiles), shrunk for small problems; the head dim padded
+  to the next power of 2. Warps: 8 for the forward's 64 x 64 tiles, the float32 dk/dv kernel
+  and heads past 64, else 4. From ptxas at the WT-103 S shape (head dim 41): with 4 warps the
+  bf16 forward took 255 registers on an A100 and spilled, as did the f32 dk/dv kernel (800
+  bytes); the f32 dq kernel spilled 16 bytes on an H100 with 8 (capped at 128 registers),
+  none with 4 (tests/aot/test_xl_attention_compile.py)."""
+  f32 = jnp.dtype(dtype).itemsize >= 4
   d = pow2_block(1 << 30, head_dim)
-  size = 32 if small else 64
+  size = 32 if (kernel != "forward" or f32) else 64
   q, kb = pow2_block(size, t), pow2_block(size, k)
-  wide = q * kb >= 64 * 64 or d > 64 or jnp.dtype(dtype).itemsize >= 4
+  wide = {"forward": q * kb >= 64 * 64 or f32, "dkdv": f32, "dq": False}[kernel] or d > 64
   return XLBlocks(q=q, k=kb, d=d, num_warps=8 if wide else 4)
 
 
@@ -162,14 +165,20 @@ def _skew(rows_i, keys_j, dims: _Dims):
   return p, (p >= 0) & (p < dims.k)
 
 
-def _tile_scores(q_u, k_tile, p_ref, bh, rows_i, keys_j, scale, mem_valid, dims: _Dims):
+def _position_row0(b, h, dims: _Dims):
+  """P's first row of (b, h): P is [H, B, T, K] (flattened to [H B T, K]), the layout of the
+  batched GEMM (batch H, rows B T) that makes it, so XLA transposes no [B, H, T, K] array."""
+  return (h * dims.b + b) * dims.t
+
+
+def _tile_scores(q_u, k_tile, p_ref, p_row0, rows_i, keys_j, scale, mem_valid, dims: _Dims):
   """(scaled scores, visible) of a [bq, bk] tile: q_u . k + P through the skewed index."""
   row_ok = rows_i < dims.t
   p, p_ok = _skew(rows_i, keys_j, dims)
   visible = (row_ok[:, None] & (keys_j < dims.k)[None, :]
              & (keys_j[None, :] <= dims.m + rows_i[:, None])
              & (keys_j[None, :] >= dims.m - mem_valid) & p_ok)
-  p_rows = jnp.where(row_ok, bh * dims.t + rows_i, 0)
+  p_rows = jnp.where(row_ok, p_row0 + rows_i, 0)
   position = plgpu.load(p_ref.at[p_rows[:, None], jnp.where(visible, p, 0)],
                         mask=visible, other=0.0)
   content = jnp.dot(q_u, k_tile.T, precision=dot_precision(q_u.dtype),
@@ -196,13 +205,14 @@ def _forward_kernel(scale_ref, mem_valid_ref, q_ref, k_ref, v_ref, p_ref, o_ref,
   rows_i = i0 + jnp.arange(bq)
   row_ok = rows_i < dims.t
   q_u = _load_tile(q_ref, b * dims.t + i0, bq, row_ok, h * dims.d, dims)
+  p_row0 = _position_row0(b, h, dims)
 
   def body(kb, carry):
     acc, m_prev, l_prev = carry
     keys_j = kb * bk + jnp.arange(bk)
     k_tile = _load_tile(k_ref, b * dims.k + kb * bk, bk, keys_j < dims.k, h * dims.d, dims)
     v_tile = _load_tile(v_ref, b * dims.k + kb * bk, bk, keys_j < dims.k, h * dims.d, dims)
-    scores, visible = _tile_scores(q_u, k_tile, p_ref, bh, rows_i, keys_j, scale, mem_valid,
+    scores, visible = _tile_scores(q_u, k_tile, p_ref, p_row0, rows_i, keys_j, scale, mem_valid,
                                    dims)
     m_next = jnp.maximum(m_prev, jnp.max(scores, axis=1))
     correction = jnp.exp(m_prev - m_next)
@@ -234,6 +244,7 @@ def _dkdv_kernel(scale_ref, mem_valid_ref, q_ref, k_ref, v_ref, p_ref, do_ref, l
   key_ok = keys_j < dims.k
   k_tile = _load_tile(k_ref, b * dims.k + j0, bk, key_ok, h * dims.d, dims)
   v_tile = _load_tile(v_ref, b * dims.k + j0, bk, key_ok, h * dims.d, dims)
+  p_row0 = _position_row0(b, h, dims)
 
   def body(qb, carry):
     dk, dv = carry
@@ -244,7 +255,7 @@ def _dkdv_kernel(scale_ref, mem_valid_ref, q_ref, k_ref, v_ref, p_ref, do_ref, l
     stats = pl.ds(bh * dims.t + qb * bq, bq)
     lse = plgpu.load(lse_ref.at[stats], mask=row_ok, other=0.0)
     delta = plgpu.load(delta_ref.at[stats], mask=row_ok, other=0.0)
-    scores, visible = _tile_scores(q_u, k_tile, p_ref, bh, rows_i, keys_j, scale, mem_valid,
+    scores, visible = _tile_scores(q_u, k_tile, p_ref, p_row0, rows_i, keys_j, scale, mem_valid,
                                    dims)
     probs = jnp.where(visible, jnp.exp(scores - lse[:, None]), 0.0)
     dv = dv + jnp.dot(probs.astype(do.dtype).T, do, precision=dot_precision(do.dtype),
@@ -281,13 +292,14 @@ def _dq_kernel(scale_ref, mem_valid_ref, q_ref, k_ref, v_ref, p_ref, do_ref, lse
   stats = pl.ds(bh * dims.t + i0, bq)
   lse = plgpu.load(lse_ref.at[stats], mask=row_ok, other=0.0)
   delta = plgpu.load(delta_ref.at[stats], mask=row_ok, other=0.0)
-  p_rows = jnp.where(row_ok, bh * dims.t + rows_i, 0)
+  p_row0 = _position_row0(b, h, dims)
+  p_rows = jnp.where(row_ok, p_row0 + rows_i, 0)
 
   def body(kb, dq):
     keys_j = kb * bk + jnp.arange(bk)
     k_tile = _load_tile(k_ref, b * dims.k + kb * bk, bk, keys_j < dims.k, h * dims.d, dims)
     v_tile = _load_tile(v_ref, b * dims.k + kb * bk, bk, keys_j < dims.k, h * dims.d, dims)
-    scores, visible = _tile_scores(q_u, k_tile, p_ref, bh, rows_i, keys_j, scale, mem_valid,
+    scores, visible = _tile_scores(q_u, k_tile, p_ref, p_row0, rows_i, keys_j, scale, mem_valid,
                                    dims)
     probs = jnp.where(visible, jnp.exp(scores - lse[:, None]), 0.0)
     dp = jnp.dot(do, v_tile.T, precision=dot_precision(do.dtype),
@@ -312,7 +324,7 @@ def _dq_kernel(scale_ref, mem_valid_ref, q_ref, k_ref, v_ref, p_ref, do_ref, lse
   def zero_block(pb, carry):
     cols = pb * bk + jnp.arange(bk)
     mask = row_ok[:, None] & (cols[None, :] < bound_i[:, None]) & (cols < dims.k)[None, :]
-    plgpu.store(dp_ref.at[pl.ds(bh * dims.t + i0, bq), pl.ds(pb * bk, bk)],
+    plgpu.store(dp_ref.at[pl.ds(p_row0 + i0, bq), pl.ds(pb * bk, bk)],
                 jnp.zeros((bq, bk), dp_ref.dtype), mask=mask)
     return carry
 
@@ -322,6 +334,12 @@ def _dq_kernel(scale_ref, mem_valid_ref, q_ref, k_ref, v_ref, p_ref, do_ref, lse
 
 # ----------------------------------------------------------------------------------------------
 # The op.
+
+def _heads_first(x_bthc):
+  """[B, T, H, Dh] -> [H, B T, Dh]."""
+  b, t, h, d = x_bthc.shape
+  return jnp.transpose(x_bthc, (2, 0, 1, 3)).reshape(h, b * t, d)
+
 
 def _scalars(scale, mem_valid, m):
   scale_1 = jnp.reshape(jnp.asarray(scale, jnp.float32), (1,))
@@ -341,11 +359,12 @@ def _forward(q_u, q_v, k, v, r, scale, mem_valid, interpret):
   kk = k.shape[1]
   dims = _Dims(b, t, kk, h, d, xl_blocks(t, kk, d, q_u.dtype))
   scale_1, mem_valid_1 = _scalars(scale, mem_valid, kk - t)
-  # The unshifted position scores, in the compute dtype: [B H T, K].
-  # (GEMM output in the compute dtype: cuBLAS accumulates in f32 and rounds once.)
-  position = jnp.einsum("bthc,khc->bhtk", q_v, r.astype(q_v.dtype),
+  # The unshifted position scores [H, B T, K] (`_position_row0`), the GEMM's output in the
+  # compute dtype (it accumulates in f32 and rounds once).
+  position = jnp.einsum("hnc,hkc->hnk", _heads_first(q_v),
+                        jnp.swapaxes(r, 0, 1).astype(q_v.dtype),
                         preferred_element_type=q_u.dtype, precision=dot_precision(q_v.dtype))
-  position = position.reshape(b * h * t, kk)
+  position = position.reshape(h * b * t, kk)
   out, lse = _call(
       _forward_kernel, "xl_attention_forward", dims, (pl.cdiv(t, dims.blocks.q), b * h),
       (jax.ShapeDtypeStruct((b * t, h * d), q_u.dtype),
@@ -369,7 +388,10 @@ def _xl_attention_bwd(interpret, residuals, dout):
   q_u, q_v, k, v, r, scale, mem_valid, position, lse, out = residuals
   b, t, h, d = q_u.shape
   kk = k.shape[1]
-  dims = _Dims(b, t, kk, h, d, xl_blocks(t, kk, d, q_u.dtype, backward=True), interpret)
+  dims = _Dims(b, t, kk, h, d, xl_blocks(t, kk, d, q_u.dtype, "dkdv"), interpret)
+  # The same tiles (the dq kernel writes dP in its layout), its own warps.
+  dq_dims = _Dims(b, t, kk, h, d, dataclasses.replace(
+      dims.blocks, num_warps=xl_blocks(t, kk, d, q_u.dtype, "dq").num_warps), interpret)
   scale_1, mem_valid_1 = _scalars(scale, mem_valid, kk - t)
   dout = dout.astype(q_u.dtype)
   delta = jnp.einsum("bthc,bthc->bht", out.reshape(b, t, h, d).astype(jnp.float32),
@@ -381,14 +403,16 @@ def _xl_attention_bwd(interpret, residuals, dout):
       (jax.ShapeDtypeStruct((b * kk, h * d), jnp.float32),
        jax.ShapeDtypeStruct((b * kk, h * d), jnp.float32)), interpret, *args)
   dq_raw, dp_raw = _call(
-      _dq_kernel, "xl_attention_dq", dims, (pl.cdiv(t, dims.blocks.q), b * h),
+      _dq_kernel, "xl_attention_dq", dq_dims, (pl.cdiv(t, dims.blocks.q), b * h),
       (jax.ShapeDtypeStruct((b * t, h * d), jnp.float32),
        jax.ShapeDtypeStruct((b * h * t, dims.dp_width), q_u.dtype)), interpret, *args)
-  dp_raw = dp_raw[:, :kk].reshape(b, h, t, kk)
-  dq_v_raw = jnp.einsum("bhtk,khc->bthc", dp_raw, r, preferred_element_type=jnp.float32,
-                        precision=dot_precision(r.dtype))
-  dr_raw = jnp.einsum("bhtk,bthc->khc", dp_raw, q_v, preferred_element_type=jnp.float32,
-                      precision=dot_precision(q_v.dtype))
+  dp_raw = dp_raw[:, :kk].reshape(h, b * t, kk)  # [H, B T, K] as P.
+  dq_v_raw = jnp.einsum("hnk,hkc->hnc", dp_raw, jnp.swapaxes(r, 0, 1),
+                        preferred_element_type=jnp.float32, precision=dot_precision(r.dtype))
+  dq_v_raw = jnp.transpose(dq_v_raw.reshape(h, b, t, d), (1, 2, 0, 3))
+  dr_raw = jnp.swapaxes(jnp.einsum("hnk,hnc->hkc", dp_raw, _heads_first(q_v),
+                                   preferred_element_type=jnp.float32,
+                                   precision=dot_precision(q_v.dtype)), 0, 1)
   dq_raw = dq_raw.reshape(b, t, h, d)
   scale_f = jnp.asarray(scale, jnp.float32)
   d_scale = (jnp.sum(q_u.astype(jnp.float32) * dq_raw)

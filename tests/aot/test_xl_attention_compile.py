@@ -1,7 +1,7 @@
 """The fused Transformer-XL attention (`pallas_kernels.xl_attention`, issue 60) compiled for an
 H100 (sm_90) and an A100 (sm_80) on CPU: value and all gradients (a traced, learned scale
-included) in bf16 (and f32, kernels only) at the WT-103 S layer shape (10 heads of 41, T 256, memory 256; batch 8
-instead of 64 to stay quick).
+included) in bf16 (and f32, kernels only) at the WT-103 S layer shape (10 heads of 41, T 256,
+memory 256; batch 8 instead of 64 to stay quick).
 
 The compiled program must hold the three kernels, and no float32 tensor of B H T K elements
 (the scores the XLA path writes, which it does hold: checked too, so the search is not

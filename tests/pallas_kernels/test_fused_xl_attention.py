@@ -109,7 +109,7 @@ def test_a_fixed_python_scale_and_eager_mem_valid_work():
 def test_the_block_rule_pads_the_head_and_fits_small_problems():
   blocks = xl_blocks(256, 512, 41, jnp.bfloat16)
   assert (blocks.q, blocks.k, blocks.d) == (64, 64, 64)
-  assert xl_blocks(256, 512, 41, jnp.bfloat16, backward=True).q == 32
+  assert xl_blocks(256, 512, 41, jnp.bfloat16, "dq").q == 32
   assert (xl_blocks(5, 8, 7, jnp.float32).q, xl_blocks(5, 8, 7, jnp.float32).d) \
       == (16, 16)
 
