@@ -394,8 +394,10 @@ def _xl_attention_bwd(interpret, residuals, dout):
       dims.blocks, num_warps=xl_blocks(t, kk, d, q_u.dtype, "dq").num_warps), interpret)
   scale_1, mem_valid_1 = _scalars(scale, mem_valid, kk - t)
   dout = dout.astype(q_u.dtype)
-  delta = jnp.einsum("bthc,bthc->bht", out.reshape(b, t, h, d).astype(jnp.float32),
-                     dout.astype(jnp.float32)).reshape(b * h * t)
+  # sum_c out * dout per (b, h, t): a reduction, not an f32 dot.
+  delta = jnp.sum(out.reshape(b, t, h, d).astype(jnp.float32) * dout.astype(jnp.float32),
+                  axis=-1)
+  delta = jnp.transpose(delta, (0, 2, 1)).reshape(b * h * t)
   args = (scale_1, mem_valid_1, q_u.reshape(b * t, h * d), k.reshape(b * kk, h * d),
           v.reshape(b * kk, h * d), position, dout.reshape(b * t, h * d), lse, delta)
   dk_raw, dv = _call(
