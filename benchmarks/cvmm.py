@@ -84,6 +84,18 @@ def time_interleaved_ms(calls: dict, repeats: int) -> dict:
   return {name: statistics.median(times) for name, times in samples.items()}
 
 
+def time_rows(rows: list[dict], calls: dict, repeats: int) -> None:
+  """Sets `ms` (per call: a sample covers the row's `calls_per_sample` calls) of the rows
+  whose compiled calls `calls` holds by row index, timed by `time_interleaved_ms`. A call
+  failing in a later round fails the round: every timed row then reads its error."""
+  try:
+    for index, ms in time_interleaved_ms(calls, repeats).items():
+      rows[index]["ms"] = ms / rows[index]["calls_per_sample"]
+  except Exception as error:  # Recorded in the rows: the benchmark goes on.
+    for index in calls:
+      rows[index].update(status="error", error=f"{type(error).__name__}: {error}"[:2000])
+
+
 def random_routing(key, tokens: int, experts: int, k: int, dtype):
   """Top-k of random scores: k distinct experts per token, gates in (0, 1)."""
   scores_ne = jax.random.uniform(key, (tokens, experts))

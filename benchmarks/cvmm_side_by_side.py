@@ -446,12 +446,7 @@ def ours_rows(args, clock) -> list[dict]:
           probe_calls[key] = (call, fn_args, fields)
       if call is not None:
         calls[len(rows) - 1] = (call, fn_args)
-    try:
-      for index, ms in cvmm_benchmark.time_interleaved_ms(calls, args.repeats).items():
-        rows[index]["ms"] = ms / rows[index]["calls_per_sample"]
-    except Exception as error:  # One call failing on a later run fails the round.
-      for index in calls:
-        rows[index].update(status="error", error=_error_text(error))
+    cvmm_benchmark.time_rows(rows, calls, args.repeats)
   return rows
 
 

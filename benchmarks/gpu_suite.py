@@ -1,7 +1,7 @@
 """Every GPU measurement in one command, meant to fit in 8 minutes on an H100 (GPU time is scarce).
 
     python -m benchmarks.gpu_suite --out DIR [--budget_s 420] [--blocked] [--parts=tests,training]
-        [--tests=PATH,...] [--training=sigma_moe,switchhead,moeut]
+        [--tests=PATH,...] [--training=sigma_moe,fused_attention,switchhead,moeut]
     python -m benchmarks.gpu_suite --smoke --out DIR     # tiny shapes on CPU: checks the suite
 
 Parts, in order; each one's failure (and each cell's) is caught, recorded with its error text,
@@ -17,8 +17,8 @@ and the suite goes on:
      fraction of it achieved, time relative to dense, and peak memory (the sigma-MoE paper's
      Fig. 2: time and memory against N_E).
   4. training: one training step of each model of `TRAINING`'s comparisons (or --training):
-     configs/sigma_moe_paper.py:wt103_s and its dense baseline, the SwitchHead paper's WT-103
-     S trio, MoEUT 44M and its dense baseline; bfloat16 compute, f32 parameters, on random
+     configs/sigma_moe_paper.py:wt103_s and its dense baseline, the same two with the fused
+     XL attention (`model.attention_impl=pallas`), the SwitchHead paper's WT-103 S trio, MoEUT 44M and its dense baseline; bfloat16 compute, f32 parameters, on random
      tokens (no dataset is prepared): ms/step, tokens/s, against the comparison's baseline,
      peak memory.
   5. step_profile: where the training step's device time goes (`benchmarks.step_profile`) for
@@ -410,12 +410,7 @@ def bench_shape(scale: Scale, dtype: str, d_model: int, experts: int, impls: lis
     call = compile_cell(cell, workload, memory_limit, scale.min_sample_ms)
     if call:
       calls[len(cells) - 1] = call
-  try:
-    for index, ms in cvmm_benchmark.time_interleaved_ms(calls, scale.repeats).items():
-      cells[index]["ms"] = ms / cells[index]["calls_per_sample"]
-  except Exception as error:  # One call failing on a later run fails the round.
-    for index in calls:
-      cells[index].update(status="error", error=error_text(error))
+  cvmm_benchmark.time_rows(cells, calls, scale.repeats)
   return cells
 
 
@@ -448,9 +443,14 @@ def cvmm_part(scale: Scale, budget: Budget, impls: list[str], save) -> dict:
 # comparison: its models, the first the baseline the others' `x_baseline` is over; each a
 # (row name, config file module, its spec or None). The sigma-MoE paper's WT-103 S pair, the
 # SwitchHead paper's WT-103 S trio, MoEUT's 44M pair.
+FUSED = {"attention_impl": "pallas"}  # model fields a row sets over its config's
 TRAINING = {
     "sigma_moe": (("dense wt103_s", wt103_s_dense, None),
                   ("sigma_moe wt103_s", sigma_moe_paper, "wt103_s")),
+    # The same two models with the XL attention core in the fused kernels (issue 60).
+    "fused_attention": (("dense wt103_s fused attention", wt103_s_dense, None, FUSED),
+                        ("sigma_moe wt103_s fused attention", sigma_moe_paper, "wt103_s",
+                         FUSED)),
     "switchhead": (("dense 10 heads wt103_s", switchhead_paper, "wt103_s,dense"),
                    ("switchhead wt103_s", switchhead_paper, "wt103_s,switchhead"),
                    ("dense 2 heads wt103_s", switchhead_paper, "wt103_s,dense_few")),
@@ -478,9 +478,9 @@ def training_configs(comparisons: list[str], smoke: bool) -> list[tuple[str, str
   bfloat16 compute (f32 parameters); with `smoke`, shrunk (`shrink_for_smoke`)."""
   rows = []
   for comparison in comparisons:
-    for name, module, spec in TRAINING[comparison]:
+    for name, module, spec, *model_fields in TRAINING[comparison]:
       config = module.get_config() if spec is None else module.get_config(spec)
-      config.model.dtype = "bfloat16"
+      config.model.update(dtype="bfloat16", **(model_fields[0] if model_fields else {}))
       if config.data.name == "text_files":  # MoEUT's: a path the task checks but never opens
         config.data.file = "random_tokens.txt"
       if smoke:
@@ -536,7 +536,7 @@ def training_part(scale: Scale, budget: Budget, comparisons: list[str],
     row = {"comparison": comparison, "model": name, "batch_size": config.data.batch_size,
            "seq_len": config.data.seq_len, "dtype": config.model.dtype,
            "ff": config.model.ff.to_dict(), "attention": config.model.get("attention", "xl"),
-           "status": "ok"}
+           "attention_impl": config.model.get("attention_impl", "auto"), "status": "ok"}
     rows.append(row)
     if key in timed:
       row.update({k: v for k, v in timed[key].items() if k not in row}, status="ok",

@@ -95,19 +95,17 @@ def xl_blocks(t: int, k: int, head_dim: int, dtype, kernel: str = "forward") -> 
 
 def use_fused(impl: str, attn_dropout: float) -> bool:
   """Whether the XL attention runs the fused kernels for `impl` (`XL_IMPLS`; the grouped
-  matmul impls of `pallas_kernels.IMPLS` other than auto and pallas mean the XLA path) and
-  the attention-dropout rate: "pallas" always (a ValueError with dropout, which the kernels
-  do not have), "auto" when tracing for a single GPU without dropout (a Pallas call cannot be
-  split over a mesh by XLA)."""
-  if impl == "pallas":
-    if attn_dropout > 0:
-      raise ValueError(f"the fused XL attention (attention_impl='pallas') has no attention "
-                       f"dropout: set attn_dropout=0 (got {attn_dropout}) or another impl")
-    return True
-  if impl != "auto" or attn_dropout > 0 or not backends.targets_gpu():
+  matmul impls of `pallas_kernels.IMPLS` other than pallas mean the XLA path) and the
+  attention-dropout rate: "pallas" only (a ValueError with dropout, which the kernels do not
+  have). "auto" keeps the XLA path until the kernels have run on a GPU (their tests and the
+  GPU suite's `fused_attention` training rows); then it is to pick them on a single GPU
+  without dropout (a Pallas call cannot be split over a mesh by XLA)."""
+  if impl != "pallas":
     return False
-  mesh = jax.sharding.get_abstract_mesh()
-  return mesh.empty or mesh.size == 1
+  if attn_dropout > 0:
+    raise ValueError(f"the fused XL attention (attention_impl='pallas') has no attention "
+                     f"dropout: set attn_dropout=0 (got {attn_dropout}) or another impl")
+  return True
 
 
 # ----------------------------------------------------------------------------------------------

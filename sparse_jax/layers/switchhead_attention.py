@@ -303,9 +303,9 @@ class SwitchHeadXLAttention(SwitchHeadAttention):
     # Row p of the relative embeddings is distance K - 1 - p (`rel_shift`), offset -(K - 1 - p).
     pos_kd = sinusoid_embedding(-jnp.arange(k - 1, -1, -1), self.d_model, interleaved=True)
     r_khc = jnp.einsum("kd,dhc->khc", pos_kd.astype(dtype), self.w_pos[...].astype(dtype))
-    # The fused XL attention (`pallas_kernels.xl_attention`) where "auto" would pick it (one
-    # GPU, no attention dropout) and the grouped matmuls run on "auto" or "pallas".
-    fused = self.impl in ("auto", "pallas") and use_fused("auto", self.attn_dropout.rate)
+    # "pallas" runs the attention core in the fused XL kernels too (`pallas_kernels.
+    # xl_attention`), where there is no attention dropout; "auto" keeps it in XLA for now.
+    fused = self.attn_dropout.rate == 0 and use_fused(self.impl, self.attn_dropout.rate)
     out_bthc = attend_relative(q_bthc, q_bthc, k_bkhc, v_bkhc, r_khc,
                                1 / math.sqrt(self.head_dim), mem_valid, self.attn_dropout,
                                fused=fused)
