@@ -84,6 +84,18 @@ def time_interleaved_ms(calls: dict, repeats: int) -> dict:
   return {name: statistics.median(times) for name, times in samples.items()}
 
 
+def repeated_call(compiled, times: int):
+  """`compiled` called `times` times in a row, returning the last output: one timed sample
+  of a short kernel then spans several calls, so the host's dispatch and the final sync
+  (tens of microseconds) do not inflate it. The device runs the calls in order, so the last
+  output is ready only when all are."""
+  def run(*args):
+    for _ in range(times):
+      outputs = compiled(*args)
+    return outputs
+  return run
+
+
 def time_rows(rows: list[dict], calls: dict, repeats: int) -> None:
   """Sets `ms` (per call: a sample covers the row's `calls_per_sample` calls) of the rows
   whose compiled calls `calls` holds by row index, timed by `time_interleaved_ms`. A call

@@ -367,16 +367,6 @@ def new_row(args, impl: str, framework: str, op: str, pass_: str, d_model: int,
           "routed_flops": routed_flops(op, pass_, args.tokens, d_model, args.group, args.k)}
 
 
-def _repeated(compiled, times: int):
-  """`compiled` called `times` times in a row (one timed sample spans them, so the host's
-  dispatch and sync do not inflate short kernels); returns the last output."""
-  def run(*a):
-    for _ in range(times):
-      out = compiled(*a)
-    return out
-  return run
-
-
 def shapes(args) -> list[tuple[int, int]]:
   """(d_model, N_E) in the order they run: every d_model at the first N_E, then the next."""
   return [(d_model, experts) for experts in args.experts for d_model in args.d_models]
@@ -398,7 +388,8 @@ def compile_cell(row: dict, fn, fn_args, min_sample_ms: float):
     row.update(status="error", error=_error_text(error))
     return None
   row["calls_per_sample"] = max(1, math.ceil(min_sample_ms / max(call_ms, 1e-3)))
-  return _repeated(compiled, row["calls_per_sample"])
+  from benchmarks import cvmm as cvmm_benchmark
+  return cvmm_benchmark.repeated_call(compiled, row["calls_per_sample"])
 
 
 def ours_rows(args, clock) -> list[dict]:

@@ -18,9 +18,10 @@ and the suite goes on:
      Fig. 2: time and memory against N_E).
   4. training: one training step of each model of `TRAINING`'s comparisons (or --training):
      configs/sigma_moe_paper.py:wt103_s and its dense baseline, the same two with the fused
-     XL attention (`model.attention_impl=pallas`), the SwitchHead paper's WT-103 S trio, MoEUT 44M and its dense baseline; bfloat16 compute, f32 parameters, on random
-     tokens (no dataset is prepared): ms/step, tokens/s, against the comparison's baseline,
-     peak memory.
+     XL attention (`model.attention_impl=pallas`), the SwitchHead paper's WT-103 S trio,
+     MoEUT 44M and its dense baseline; bfloat16 compute, f32 parameters, on random tokens
+     (no dataset is prepared): ms/step, tokens/s, against the comparison's baseline, peak
+     memory.
   5. step_profile: where the training step's device time goes (`benchmarks.step_profile`) for
      the dense, sigma-MoE and SwitchHead WT-103 S models (`STEP_PROFILE`): a few traced steps,
      device ms per category (matmuls, attention, dropout and RNG, norms and elementwise, MoE,
@@ -114,7 +115,7 @@ class Scale:
   d_models: tuple[int, ...]
   experts: tuple[int, ...]
   repeats: int  # timed samples per cvmm cell
-  min_sample_ms: float  # a sample is as many calls as last this long (see `repeated_call`)
+  min_sample_ms: float  # a sample is as many calls as last this long (see `cvmm.repeated_call`)
   train_steps: int  # timed training steps, after one warm-up step
   profile_steps: int  # step_profile: timed steps, then as many traced ones (one warm-up)
   decode_argv: tuple[str, ...]
@@ -330,18 +331,6 @@ def too_large(cell: dict, memory_limit: int | None) -> str | None:
           f"{MEMORY_FRACTION:.0%} of the device's {memory_limit / 2**30:.0f} GiB")
 
 
-def repeated_call(compiled, times: int):
-  """`compiled` called `times` times in a row, returning the last output: one timed sample
-  of a short kernel then spans several calls, so the host's dispatch and the final sync
-  (tens of microseconds) do not inflate it. The device runs the calls in order, so the last
-  output is ready only when all are."""
-  def run(*args):
-    for _ in range(times):
-      outputs = compiled(*args)
-    return outputs
-  return run
-
-
 def compile_cell(cell: dict, workload: Workload, memory_limit: int | None,
                  min_sample_ms: float):
   """Compiles a cell and runs it twice (the second call timed, to choose the calls per
@@ -366,7 +355,7 @@ def compile_cell(cell: dict, workload: Workload, memory_limit: int | None,
     return None
   cell["bytes"] = roofline.min_bytes(args, outputs)
   cell["calls_per_sample"] = max(1, math.ceil(min_sample_ms / call_ms))
-  return repeated_call(compiled, cell["calls_per_sample"]), args
+  return cvmm_benchmark.repeated_call(compiled, cell["calls_per_sample"]), args
 
 
 def derive(cells: list[dict], peaks: roofline.DevicePeaks | None) -> None:
