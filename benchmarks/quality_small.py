@@ -30,7 +30,7 @@ import time
 
 from benchmarks import prose_corpus
 from benchmarks.machine import machine_info, write_result
-from configs import quality_medium, quality_small
+from configs import quality_medium, quality_small, stall_small
 from sparse_jax.models.accounting import model_report
 from sparse_jax.tasks.runs import train_to_completion
 from sparse_jax.training.metrics_log import (METRICS_FILE, latest_records, logged_seconds,
@@ -50,7 +50,8 @@ SMALL_VARIANTS = {
     "pkm_softmax": {"kind": "pkm", "n_subkeys": 30, "knn": 128, "activation": "softmax"},
     "topk": {"kind": "topk", "d_ff": 514, "k": 128},
 }
-CONFIGS = {"quality_small": tuple(SMALL_VARIANTS), "quality_medium": quality_medium.VARIANTS}
+CONFIGS = {"quality_small": tuple(SMALL_VARIANTS), "quality_medium": quality_medium.VARIANTS,
+           "stall_small": tuple(stall_small.VARIANTS)}
 CORPORA = ("builtin", "prose")
 # What each corpus's runs record as `corpus_id`; runs recorded on another id are superseded.
 CORPUS_IDS = {"builtin": "builtin", "prose": prose_corpus.CORPUS_ID}
@@ -60,6 +61,8 @@ RESULT_FILE = "result.json"
 def variant_config(config_name: str, variant: str):
   if config_name == "quality_medium":
     return quality_medium.get_config(variant)
+  if config_name == "stall_small":
+    return stall_small.get_config(variant)
   config = quality_small.get_config()
   config.model.ff = SMALL_VARIANTS[variant]
   return config
@@ -130,6 +133,7 @@ def run(config_name: str, corpus: str, variant: str, seed: int, steps: int | Non
   result = {"config": config_name, "corpus": corpus, "corpus_id": CORPUS_IDS[corpus],
             "variant": variant, "seed": seed,
             "steps": config.train.steps, "valid_bits_per_byte": final["bits_per_byte"],
+            "copy_ratio": final.get("copy_ratio"),
             "params": report["total_params"],
             "ff_flops_percent": report["ff_flops_percent_of_dense"],
             "step_ms": 1000 * step_seconds(records, tokens_per_step),
@@ -178,7 +182,7 @@ def format_table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
-def _names(text: str, allowed, what: str) -> list[str]:
+def names(text: str, allowed, what: str) -> list[str]:
   names = [n for n in text.split(",") if n]
   unknown = [n for n in names if n not in allowed]
   if unknown or not names:
@@ -199,9 +203,9 @@ def main(argv=None) -> dict:
   parser.add_argument("--out", default=None,
                       help="JSON path (default: benchmarks/<config>.json)")
   args = parser.parse_args(argv)
-  variants = _names(args.variants or ",".join(CONFIGS[args.config]), CONFIGS[args.config],
+  variants = names(args.variants or ",".join(CONFIGS[args.config]), CONFIGS[args.config],
                     "variants")
-  corpora = _names(args.corpora, CORPORA, "corpora")
+  corpora = names(args.corpora, CORPORA, "corpora")
   seeds = [int(s) for s in args.seeds.split(",") if s]
   out = args.out or f"benchmarks/{args.config}.json"
   runs = recorded_runs(out, args.config)
