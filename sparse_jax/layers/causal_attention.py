@@ -16,6 +16,11 @@ per-head contractions of one query read it: a position-major cache made XLA:CPU 
 that order on every token, 1.0 of 1.2 ms at the 17B shape), so one token costs the four
 projections plus one attention row. The helpers `attend`, `init_kv_cache` and
 `attend_cached` are shared with the sparse QKV attention, which differs only in its projections.
+
+Training and prefill run the attention core of `core` (`model.attention_core`, see
+`layers.cudnn_attention`): "xla" (`attend`, the scores in memory) or "cudnn" (fused, the
+scores never in memory; no attention dropout); "auto" is "xla" until the cuDNN path has run
+on a GPU. `attend_causal` dispatches; SwitchHead's RoPE attention shares it.
 """
 
 import math
@@ -24,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sparse_jax.layers import initializers
+from sparse_jax.layers import cudnn_attention, initializers
 from sparse_jax.layers.precision import f32_einsum
 from sparse_jax.layers.rotary import apply_partial_rotary, rotated_channels
 
@@ -45,6 +50,15 @@ def attend(q_bthc: jax.Array, k_bkhc: jax.Array, v_bkhc: jax.Array, mask_tk: jax
   scores_bhtk = jnp.where(mask_tk, scores_bhtk / math.sqrt(q_bthc.shape[-1]), -1e30)
   probs_bhtk = dropout(jax.nn.softmax(scores_bhtk, axis=-1)).astype(dtype)
   return jnp.einsum("bhtk,bkhc->bthc", probs_bhtk, v_bkhc.astype(dtype))
+
+
+def attend_causal(q_bthc: jax.Array, k_bthc: jax.Array, v_bthc: jax.Array,
+                  dropout: nnx.Dropout, core: str) -> jax.Array:
+  """Causal self-attention of a sequence, `[B, T, H, Dh]`, on the core `core`
+  (`cudnn_attention.CORES`): cuDNN's fused kernels for "cudnn", else `attend`."""
+  if core == "cudnn":
+    return cudnn_attention.attend_cudnn(q_bthc, k_bthc, v_bthc)
+  return attend(q_bthc, k_bthc, v_bthc, causal_mask(q_bthc.shape[1]), dropout)
 
 
 def attend_one(q_b1hc: jax.Array, k_bhkc: jax.Array, v_bhkc: jax.Array, k_bh1c: jax.Array,
@@ -119,12 +133,14 @@ class CausalSelfAttention(nnx.Module):
 
   `use_bias`: zero-initialised biases `b_q, b_k, b_v [H, Dh]` and `b_o [d_model]`.
   `rotary_fraction` < 1 rotates only the first `rotated_channels(fraction, Dh)` channels of
-  q and k (the MoEUT authors' dense RoPE baselines: half).
+  q and k (the MoEUT authors' dense RoPE baselines: half). `core`: the attention core of
+  `__call__` (`attend_causal`).
   """
 
   def __init__(self, d_model: int, n_heads: int, head_dim: int, *, n_layers: int,
                attn_dropout: float = 0.0, rotary: bool = True, use_bias: bool = False,
-               rotary_fraction: float = 1.0, rngs: nnx.Rngs):
+               rotary_fraction: float = 1.0, core: str = "auto", rngs: nnx.Rngs):
+    cudnn_attention.check_core(core, head_dim, attn_dropout)
     if rotary_fraction == 1.0:
       check_rotary_dim(rotary, head_dim)
     self.n_rotate = rotated_channels(rotary_fraction, head_dim) if rotary else 0
@@ -132,6 +148,7 @@ class CausalSelfAttention(nnx.Module):
       raise ValueError(f"rotary_fraction={rotary_fraction} rotates {self.n_rotate} of the "
                        f"head_dim={head_dim} channels; it must rotate at least 2.")
     self.d_model, self.n_heads, self.head_dim, self.rotary = d_model, n_heads, head_dim, rotary
+    self.core = core
     self.w_q, self.w_k, self.w_v, self.w_o = initializers.head_projections(
         d_model, n_heads, head_dim, n_layers=n_layers, n_inputs=3, rngs=rngs)
     if use_bias:
@@ -168,9 +185,9 @@ class CausalSelfAttention(nnx.Module):
 
   def __call__(self, x_btd: jax.Array) -> jax.Array:
     """Causal self-attention over the sequence, `[B, T, d_model] -> [B, T, d_model]`."""
-    t = x_btd.shape[1]
-    q_bthc, k_bthc, v_bthc = self.project_qkv(x_btd, jnp.arange(t))
-    return self.project_out(attend(q_bthc, k_bthc, v_bthc, causal_mask(t), self.attn_dropout))
+    q_bthc, k_bthc, v_bthc = self.project_qkv(x_btd, jnp.arange(x_btd.shape[1]))
+    return self.project_out(attend_causal(q_bthc, k_bthc, v_bthc, self.attn_dropout,
+                                          self.core))
 
   def init_cache(self, batch: int, max_len: int, dtype) -> dict[str, jax.Array]:
     return init_kv_cache(batch, max_len, self.n_heads, self.head_dim, dtype)

@@ -67,8 +67,8 @@ from pallas_kernels.xl_attention import use_fused
 from sparse_jax import validation
 from sparse_jax.layers import initializers
 from sparse_jax.layers.expert_parallel import token_parallel_cvmm
-from sparse_jax.layers.causal_attention import (attend, attend_cached, causal_mask,
-                                                init_kv_cache)
+from sparse_jax.layers.causal_attention import attend_cached, attend_causal, init_kv_cache
+from sparse_jax.layers.cudnn_attention import check_core
 from sparse_jax.layers.precision import f32_einsum
 from sparse_jax.layers.rotary import apply_partial_rotary, rotated_channels
 from sparse_jax.layers.xl_attention import attend_relative, sinusoid_embedding
@@ -90,13 +90,15 @@ class SwitchHeadAttention(nnx.Module):
   parameters; KV-cache decoding.
 
   Called like the other attention layers: `y_btd = attn(x_btd)`; `apply_with_aux` also returns
-  the routing diagnostics; `init_cache` / `decode` for one token at a time.
+  the routing diagnostics; `init_cache` / `decode` for one token at a time. `core`: where
+  `A_h` is formed (`causal_attention.attend_causal`: "xla" with the `[B, H, T, T]` scores in
+  memory, "cudnn" fused; `SwitchHeadXLAttention` keeps "auto" and picks its core by `impl`).
   """
 
   def __init__(self, d_model: int, n_heads: int, head_dim: int, n_experts: int, k: int, *,
                n_layers: int, positions: str = "rope", rope_fraction: float = 0.5,
                rope_base: float = 10000.0, attn_dropout: float = 0.0, impl: str = "auto",
-               rngs: nnx.Rngs):
+               core: str = "auto", rngs: nnx.Rngs):
     for name, value in (("d_model", d_model), ("n_heads", n_heads), ("head_dim", head_dim),
                         ("n_layers", n_layers)):
       validation.require(isinstance(value, int) and value >= 1, name, "a positive int", value)
@@ -114,10 +116,11 @@ class SwitchHeadAttention(nnx.Module):
           rope_fraction)
     validation.require(0.0 <= attn_dropout < 1.0, "attn_dropout", "in [0, 1)", attn_dropout)
     backends.check_impl(impl)
+    check_core(core, head_dim, attn_dropout)
 
     self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
     self.n_experts, self.k, self.positions = n_experts, k, positions
-    self.n_rotate, self.rope_base, self.impl = n_rotate, rope_base, impl
+    self.n_rotate, self.rope_base, self.impl, self.core = n_rotate, rope_base, impl, core
 
     in_init = jax.nn.initializers.normal(initializers.depth_scaled_std(d_model, n_layers))
     out_init = jax.nn.initializers.normal(
@@ -221,7 +224,7 @@ class SwitchHeadAttention(nnx.Module):
     gates_v, sel_v, logits_v = self.route(x_btd, self.sel_v)
     gates_o, sel_o, logits_o = self.route(x_btd, self.sel_o)
     v_bthc = self.project_v(v_btd, gates_v, sel_v)
-    out_bthc = attend(q_bthc, k_bthc, v_bthc, causal_mask(t), self.attn_dropout)
+    out_bthc = attend_causal(q_bthc, k_bthc, v_bthc, self.attn_dropout, self.core)
     return (self.project_out(out_bthc, gates_o, sel_o),
             self._aux(sel_v, sel_o, logits_v, logits_o))
 

@@ -48,7 +48,8 @@ def build_attention(cfg: LMConfig, rngs: nnx.Rngs) -> nnx.Module:
   if cfg.attention == "causal":
     return CausalSelfAttention(cfg.d_model, cfg.n_heads, head_dim_of(cfg),
                                n_layers=cfg.n_layers, attn_dropout=dropout, rotary=rotary,
-                               rotary_fraction=rotary_fraction_of(cfg), rngs=rngs)
+                               rotary_fraction=rotary_fraction_of(cfg),
+                               core=cfg.attention_core, rngs=rngs)
   if cfg.attention == "switchhead_xl":
     return SwitchHeadXLAttention(cfg.d_model, cfg.n_heads, head_dim_of(cfg),
                                  cfg.attention_experts, cfg.attention_k, n_layers=cfg.n_layers,
@@ -58,7 +59,7 @@ def build_attention(cfg: LMConfig, rngs: nnx.Rngs) -> nnx.Module:
                                cfg.attention_k, n_layers=cfg.n_layers,
                                positions="rope" if rotary else "none",
                                rope_fraction=rotary_fraction_of(cfg), attn_dropout=dropout,
-                               impl=cfg.attention_impl, rngs=rngs)
+                               impl=cfg.attention_impl, core=cfg.attention_core, rngs=rngs)
   return SparseQKVAttention(cfg.d_model, cfg.n_heads, n_modules=cfg.attention_sparsity,
                             n_layers=cfg.n_layers, attn_dropout=dropout, rotary=rotary,
                             rngs=rngs)

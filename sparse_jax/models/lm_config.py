@@ -13,6 +13,7 @@ import ml_collections
 import pallas_kernels
 from pallas_kernels.xl_attention import XL_IMPLS
 from sparse_jax import schema, validation
+from sparse_jax.layers import cudnn_attention
 from sparse_jax.layers.precision import COMPUTE_DTYPES
 from sparse_jax.layers.rotary import rotated_channels
 from sparse_jax.layers.registry import FFConfig
@@ -23,6 +24,8 @@ ATTENTION_KINDS = ("xl", "causal", "sparse_qkv", "switchhead", "switchhead_xl")
 # The kinds with Transformer-XL relative positions and memory, and SwitchHead's two.
 XL_KINDS = ("xl", "switchhead_xl")
 SWITCHHEAD_KINDS = ("switchhead", "switchhead_xl")
+# The kinds whose causal attention core `attention_core` picks (`layers.cudnn_attention`).
+CORE_KINDS = ("causal", "switchhead")
 ATTN_SCALES = ("fixed", "learned")
 # `attention_impl`: the grouped-matmul impls (SwitchHead) and "xla" (XL attention's XLA path).
 ATTENTION_IMPLS = tuple(dict.fromkeys(pallas_kernels.IMPLS + XL_IMPLS))
@@ -85,6 +88,11 @@ class LMConfig(ModelConfig):
   attention_experts: schema.PositiveInt | None = None
   attention_k: schema.PositiveInt | None = None
   attention_impl: Literal[ATTENTION_IMPLS] = "auto"
+  # CORE_KINDS only: where their causal attention is formed (`layers.cudnn_attention.CORES`):
+  # "xla" (the [B, H, T, T] scores in memory), "cudnn" (cuDNN's fused flash attention; bfloat16,
+  # a head dim that is a multiple of 8 and <= 128, attn_dropout 0), "auto" ("xla" until the
+  # cuDNN path has run on a GPU).
+  attention_core: Literal[cudnn_attention.CORES] = "auto"
   # MoEUT (Csordas et al. 2024): G distinct blocks repeated in order (ABAB...) to make
   # `n_layers` (None: every layer its own), the peri-LayerNorm, and its regulariser of the
   # routers over time and repeats per sequence (`models.moeut_regularizer`).
@@ -114,6 +122,7 @@ class LMConfig(ModelConfig):
                        f"None or a divisor of {path}.d_model={self.d_model}",
                        self.attention_sparsity)
     self._check_switchhead(path)
+    self._check_attention_core(path)
     self._check_moeut(path)
     validation.require(self.loss_sparsity == 0 or self.vocab_size % self.loss_sparsity == 0,
                        f"{path}.loss_sparsity",
@@ -166,6 +175,26 @@ class LMConfig(ModelConfig):
                        f"{path}.head_dim",
                        f"a head size of which {path}.rotary_fraction rotates at least 2 "
                        "channels (rounded down to even)", head_dim_of(self))
+
+
+  def _check_attention_core(self, path: str) -> None:
+    """`attention_core` set only for CORE_KINDS, and "cudnn" only where cuDNN's fused
+    attention runs: bfloat16, its head sizes, no attention dropout."""
+    core = self.attention_core
+    validation.require(core == "auto" or self.attention in CORE_KINDS, f"{path}.attention_core",
+                       f"'auto' unless attention is one of {CORE_KINDS}", core)
+    if core != "cudnn":
+      return
+    validation.require(self.dtype in cudnn_attention.CUDNN_DTYPES, f"{path}.dtype",
+                       f"one of {cudnn_attention.CUDNN_DTYPES} with {path}.attention_core="
+                       "'cudnn'", self.dtype)
+    validation.require(cudnn_attention.cudnn_head_dim_ok(head_dim_of(self)), f"{path}.head_dim",
+                       f"a multiple of {cudnn_attention.CUDNN_HEAD_DIM_MULTIPLE} and at most "
+                       f"{cudnn_attention.CUDNN_MAX_HEAD_DIM} with {path}.attention_core='cudnn'",
+                       head_dim_of(self))
+    validation.require(self.attn_dropout == 0, f"{path}.attn_dropout",
+                       f"0 with {path}.attention_core='cudnn' (cuDNN's fused attention has no "
+                       "attention dropout here)", self.attn_dropout)
 
 
   def _check_moeut(self, path: str) -> None:

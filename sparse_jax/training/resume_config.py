@@ -41,7 +41,8 @@ FIELDS_ADDED_LATER = {
     ("model", "kind", "lm"): {  # SwitchHead attention's fields (docs/switchhead.md).
         "attention_experts": None, "attention_k": None, "attention_impl": "auto",
         "layer_groups": None, "block_norm": "pre", "moeut_ff_reg": 0.0,  # MoEUT's.
-        "moeut_attention_reg": 0.0, "rotary_fraction": None},
+        "moeut_attention_reg": 0.0, "rotary_fraction": None,
+        "attention_core": "auto"},  # The causal kinds' attention core (issue 60).
 }
 
 
