@@ -30,7 +30,7 @@ import time
 
 from benchmarks import prose_corpus
 from benchmarks.machine import machine_info, write_result
-from configs import quality_medium, quality_small, stall_small
+from configs import quality_medium, quality_small, stall_medium
 from sparse_jax.models.accounting import model_report
 from sparse_jax.tasks.runs import train_to_completion
 from sparse_jax.training.metrics_log import (METRICS_FILE, latest_records, logged_seconds,
@@ -51,7 +51,8 @@ SMALL_VARIANTS = {
     "topk": {"kind": "topk", "d_ff": 514, "k": 128},
 }
 CONFIGS = {"quality_small": tuple(SMALL_VARIANTS), "quality_medium": quality_medium.VARIANTS,
-           "stall_small": tuple(stall_small.VARIANTS)}
+           "stall_medium": tuple(f"{model}/{change}" for model in quality_medium.VARIANTS
+                                 for change in stall_medium.CHANGES)}
 CORPORA = ("builtin", "prose")
 # What each corpus's runs record as `corpus_id`; runs recorded on another id are superseded.
 CORPUS_IDS = {"builtin": "builtin", "prose": prose_corpus.CORPUS_ID}
@@ -61,8 +62,8 @@ RESULT_FILE = "result.json"
 def variant_config(config_name: str, variant: str):
   if config_name == "quality_medium":
     return quality_medium.get_config(variant)
-  if config_name == "stall_small":
-    return stall_small.get_config(variant)
+  if config_name == "stall_medium":
+    return stall_medium.get_config(variant)
   config = quality_small.get_config()
   config.model.ff = SMALL_VARIANTS[variant]
   return config

@@ -1,5 +1,5 @@
-"""benchmarks/stall_sweep.py's bookkeeping without training: `train_to_completion` is replaced
-by a stub that writes the metrics a run would, with the stall rule firing on some seeds."""
+"""benchmarks/stall_sweep.py's bookkeeping and stall criterion without training:
+`train_to_completion` is replaced by a stub that writes the evaluations a run would."""
 
 import json
 import os
@@ -8,67 +8,95 @@ import numpy as np
 import pytest
 
 from benchmarks import quality_small, stall_sweep
-from configs import stall_small
+from configs import stall_medium
+
+# (step, copy ratio) of a run that stalls (still copying hardly at all at step 1000, < 0.1 less
+# than at step 500) and of one that learns to copy.
+STALLED = [(250, 0.99), (500, 0.97), (750, 0.95), (1000, 0.90)]
+HEALTHY = [(250, 0.99), (500, 0.97), (750, 0.80), (1000, 0.50)]
 
 
 def _fake_train(stalled_seeds):
-  """A stub of `train_to_completion`: evaluations at steps 500 and 1000, the stall flag on
-  step 1000 of `stalled_seeds`; final bits per byte 2 + seed / 10."""
+  """A stub of `train_to_completion`: `STALLED` or `HEALTHY` evaluations; bits per byte at
+  the last step 2 + seed / 10."""
   calls = []
 
   def train(config, workdir):
     calls.append((config.model.get("embed_init", "normal"), config.seed))
-    stalled = config.seed in stalled_seeds
-    lines = [{"step": 1000, "split": "train", "tokens_per_second": 1000.0},
-             {"step": 500, "split": "validation", "bits_per_byte": 3.0, "copy_ratio": 0.97},
-             {"step": 1000, "split": "validation", "bits_per_byte": 2 + config.seed / 10,
-              "copy_ratio": 0.9 if stalled else 0.5, **({"copy_stalled": 1} if stalled else {})}]
+    history = STALLED if config.seed in stalled_seeds else HEALTHY
+    lines = [{"step": 1000, "split": "train", "tokens_per_second": 1000.0}]
+    lines += [{"step": step, "split": "validation", "bits_per_byte": 2 + config.seed / 10,
+               "copy_ratio": ratio} for step, ratio in history]
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
       f.writelines(json.dumps(line) + "\n" for line in lines)
-    return {"bits_per_byte": 2 + config.seed / 10, "copy_ratio": lines[-1]["copy_ratio"]}
+    return {"bits_per_byte": 2 + config.seed / 10, "copy_ratio": history[-1][1]}
 
   return train, calls
 
 
-def test_stalls_are_read_from_the_runs_own_stall_rule_and_counted_per_variant(
-    tmp_path, monkeypatch):
+def test_stalls_are_counted_per_model_and_change(tmp_path, monkeypatch):
   train, calls = _fake_train(stalled_seeds={1, 3})
   monkeypatch.setattr(quality_small, "train_to_completion", train)
-  args = ["--variants=baseline,xavier", "--seeds=0-3", f"--workdir={tmp_path}",
+  args = ["--models=dense", "--changes=baseline,fan_in", "--seeds=0-3", f"--workdir={tmp_path}",
           f"--out={tmp_path / 'out.json'}"]
   result = stall_sweep.main(args)
-  assert sorted(calls) == sorted([(e, s) for e in ("normal", "xavier") for s in range(4)])
+  assert sorted(calls) == sorted([(e, s) for e in ("normal", "fan_in") for s in range(4)])
+  assert (tmp_path / "stall_medium" / "builtin" / "dense" / "fan_in" / "seed3").is_dir()
   rows = {r["variant"]: r for r in result["summary"]}
-  assert rows["baseline"]["stalled_seeds"] == [1, 3]
-  assert rows["xavier"]["seeds"] == [0, 1, 2, 3]
-  assert rows["baseline"]["bpb_not_stalled"] == pytest.approx([2.0, 2.2])
-  run = next(r for r in result["runs"] if (r["variant"], r["seed"]) == ("xavier", 3))
+  assert rows["dense/baseline"]["stalled_seeds"] == [1, 3]
+  run = next(r for r in result["runs"] if (r["variant"], r["seed"]) == ("dense/fan_in", 3))
   assert run["stalled_at"] == 1000 and run["copy_ratio"] == 0.9
-  assert [e["step"] for e in run["evaluations"]] == [500, 1000]
+  assert [e["step"] for e in run["evaluations"]] == [250, 500, 750, 1000]
   table = stall_sweep.format_table(result["summary"])
   bpb = [2.0, 2.1, 2.2, 2.3]
-  assert f"| baseline | 2 / 4 | 1,3 | {np.mean(bpb):.3f} +- {np.std(bpb, ddof=1):.3f} |" in table
+  assert (f"| dense/fan_in | 2 / 4 | 1,3 | {np.mean(bpb):.3f} +- {np.std(bpb, ddof=1):.3f} |"
+          in table)
   # A second invocation reads every run back from the JSON and trains none.
   assert stall_sweep.main(args)["runs"] == result["runs"] and len(calls) == 8
 
 
-def test_seed_ranges_and_unknown_variants():
+def test_the_criterion_is_the_stall_rule_over_quality_mediums_warm_up():
+  evals = lambda history: [{"step": s, "copy_ratio": r} for s, r in history]  # noqa: E731
+  assert stall_sweep.stalled_at(evals(STALLED)) == 1000
+  assert stall_sweep.stalled_at(evals(HEALTHY)) is None
+  # Fell by 0.1 or more since step 500: started to copy, though still above 0.8.
+  assert stall_sweep.stalled_at(evals([(500, 0.97), (1000, 0.85)])) is None
+  # Not judged before an evaluation at least the warm-up's length past the warm-up's end.
+  assert stall_sweep.stalled_at(evals([(250, 0.99), (500, 0.99), (750, 0.99)])) is None
+
+
+def test_seed_ranges_and_unknown_models_and_changes():
   assert stall_sweep.parse_seeds("0-3,7") == [0, 1, 2, 3, 7]
   with pytest.raises(SystemExit, match="baseline"):
-    stall_sweep.main(["--variants=bigger"])
+    stall_sweep.main(["--changes=bigger"])
+  with pytest.raises(SystemExit, match="sigma_moe"):
+    stall_sweep.main(["--models=switch"])
 
 
-def test_each_variant_changes_only_what_it_names():
-  base = stall_small.get_config("baseline").to_dict()
-  for name, overrides in stall_small.VARIANTS.items():
-    config = stall_small.get_config(name)
-    for field, value in overrides.items():
-      assert config[field.split(".")[0]][field.split(".", 1)[1]] == value, (name, field)
-    flat = lambda d, p="": {k: v for key, val in d.items()  # noqa: E731
-                            for k, v in (flat(val, f"{p}{key}.") if isinstance(val, dict)
-                                         else {f"{p}{key}": val}).items()}
-    changed = {k for k, v in flat(config.to_dict()).items() if flat(base).get(k) != v}
-    assert changed == {k for k in overrides if flat(base).get(k) != overrides[k]}, name
+def _flat(d: dict, prefix: str = "") -> dict:
+  out = {}
+  for key, value in d.items():
+    out.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict)
+               else {f"{prefix}{key}": value})
+  return out
+
+
+@pytest.mark.parametrize("model", ["dense", "sigma_moe"])
+def test_each_change_changes_only_what_it_names(model):
+  base = _flat(stall_medium.get_config(f"{model}/baseline").to_dict())
+  for change, overrides in stall_medium.CHANGES.items():
+    config = _flat(stall_medium.get_config(f"{model}/{change}").to_dict())
+    assert {k: config[k] for k in overrides} == overrides, change
+    assert {k for k in config if base.get(k) != config[k]} == {
+        k for k in overrides if base.get(k) != overrides[k]}, change
   with pytest.raises(ValueError, match="baseline"):
-    stall_small.get_config("bigger")
+    stall_medium.get_config(f"{model}/bigger")
+
+
+def test_the_probe_trains_quality_mediums_first_quarter_on_its_schedule():
+  from configs import quality_medium
+  probe, full = stall_medium.get_config("dense/baseline"), quality_medium.get_config("dense")
+  assert (probe.train.steps, probe.train.schedule_steps) == (1000, full.train.steps)
+  assert probe.train.warmup_steps == full.train.warmup_steps
+  assert probe.model.to_dict() == full.model.to_dict() and probe.data.to_dict() == full.data.to_dict()

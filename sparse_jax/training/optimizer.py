@@ -41,6 +41,9 @@ class TrainConfig(schema.Schema):
   steps: schema.PositiveInt
   lr: schema.PositiveFloat
   warmup_steps: schema.NonNegativeInt = 0
+  # The step where the schedule ends; None: `steps`. A larger value trains the first `steps`
+  # of a longer run exactly as that run would (`configs/stall_medium.py`).
+  schedule_steps: schema.PositiveInt | None = None
   schedule: Literal[SCHEDULES] = "cosine"  # The decay after the warmup (module docstring).
   end_lr_fraction: schema.Probability = 0.0  # cosine only: where it ends, a fraction of lr.
   optimizer: Literal[OPTIMIZERS] = "adam"
@@ -62,10 +65,18 @@ class TrainConfig(schema.Schema):
   def check(self, path: str) -> None:
     validation.require(self.warmup_steps < self.steps, f"{path}.warmup_steps",
                        f"an integer in [0, {path}.steps={self.steps})", self.warmup_steps)
+    validation.require(self.schedule_steps is None or self.schedule_steps >= self.steps,
+                       f"{path}.schedule_steps", f"None or >= {path}.steps={self.steps}",
+                       self.schedule_steps)
     profiling.parse_steps(self.profile_steps, f"{path}.profile_steps", self.steps)
     validation.require(self.end_lr_fraction == 0 or self.schedule == "cosine",
                        f"{path}.end_lr_fraction", "0 unless schedule is 'cosine'",
                        self.end_lr_fraction)
+
+  @property
+  def schedule_end(self) -> int:
+    """Where the learning-rate schedule ends: `schedule_steps`, or `steps`."""
+    return self.steps if self.schedule_steps is None else self.schedule_steps
 
   @property
   def profile_window(self) -> tuple[int, int] | None:
@@ -80,9 +91,10 @@ class BatchedTrainConfig(TrainConfig):
 
 
 def learning_rate_schedule(cfg: TrainConfig) -> optax.Schedule:
-  """Linear warmup to `lr` over `warmup_steps`, then `schedule` decay to 0 at `steps`.
+  """Linear warmup to `lr` over `warmup_steps`, then `schedule` decay to 0 at `steps` (or at
+  `schedule_steps`, past the end of training).
 
-  "linear" is `transformers.get_linear_schedule_with_warmup`: `lr * (steps - t) / (steps -
+  "linear" is `transformers.get_linear_schedule_with_warmup`: `lr * (end - t) / (end -
   warmup_steps)` after the warmup. "rsqrt" peaks at `lr` at the end of the warmup, then decays
   as `1 / sqrt(t)` (no end).
   """
@@ -93,9 +105,9 @@ def learning_rate_schedule(cfg: TrainConfig) -> optax.Schedule:
   if cfg.schedule == "cosine":
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0 if cfg.warmup_steps else cfg.lr, peak_value=cfg.lr,
-        warmup_steps=cfg.warmup_steps, decay_steps=cfg.steps,
+        warmup_steps=cfg.warmup_steps, decay_steps=cfg.schedule_end,
         end_value=cfg.end_lr_fraction * cfg.lr)
-  decay = optax.linear_schedule(cfg.lr, 0.0, cfg.steps - cfg.warmup_steps)
+  decay = optax.linear_schedule(cfg.lr, 0.0, cfg.schedule_end - cfg.warmup_steps)
   if not cfg.warmup_steps:
     return decay
   warmup = optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps)

@@ -22,7 +22,8 @@ from sparse_jax.validation import ConfigError
 
 # Dotted config paths (a prefix covers its whole section) that may differ on resume.
 SAFE_TO_CHANGE = (
-    "train.steps", "train.lr", "train.warmup_steps", "train.schedule", "train.grad_clip",
+    "train.steps", "train.schedule_steps", "train.lr", "train.warmup_steps", "train.schedule",
+    "train.grad_clip",
     "train.weight_decay", "train.end_lr_fraction",
     "train.log_every", "train.eval_every", "train.ckpt_every", "train.keep_checkpoints",
     "train.profile_steps", "train.grad_accum_steps", "model.remat",

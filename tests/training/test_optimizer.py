@@ -107,3 +107,20 @@ def test_cosine_ends_at_its_end_fraction():
     assert float(schedule(t)) == pytest.approx(expected, rel=1e-5)
   with pytest.raises(ConfigError, match=r"train\.end_lr_fraction"):
     train_config(schedule="linear", end_lr_fraction=0.1)
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear"])
+def test_a_short_run_of_a_longer_schedule_follows_that_schedule(schedule):
+  """`schedule_steps` past `steps`: the first 1000 steps of a 4000-step run, rate for rate."""
+  short = learning_rate_schedule(train_config(schedule=schedule, lr=1e-3, steps=1000,
+                                              schedule_steps=4000, warmup_steps=400))
+  full = learning_rate_schedule(train_config(schedule=schedule, lr=1e-3, steps=4000,
+                                             warmup_steps=400))
+  for t in (0, 200, 400, 700, 1000):
+    assert float(short(t)) == pytest.approx(float(full(t)), rel=1e-6)
+  progress = (1000 - 400) / 3600  # by hand: the decay's progress at step 1000
+  expected = (0.5 * (1 + np.cos(np.pi * progress)) if schedule == "cosine"
+              else 1 - progress) * 1e-3
+  assert float(short(1000)) == pytest.approx(expected, rel=1e-5)
+  with pytest.raises(ConfigError, match=r"train\.schedule_steps"):
+    train_config(steps=1000, schedule_steps=999)
