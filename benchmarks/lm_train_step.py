@@ -36,6 +36,7 @@ class LMTrainStep:
         lambda: model.init_memory(self.config.data.batch_size))
     graphdef, self.state = nnx.split((model, optimizer))
     self.step_fn = make_train_step(graphdef, loss_fn or task.loss, seed=self.config.seed,
+                                   rng_impl=self.config.train.rng_impl,
                                    out_shardings=(self.placement.state_shardings(self.state),
                                                   self.placement.memory_shardings(),
                                                   parallel.replicated(mesh)))

@@ -24,6 +24,7 @@ from sparse_jax.models.classifier import SequenceClassifier
 from sparse_jax.models.lm import TransformerLM
 from sparse_jax.models.rngs import make_rngs
 from sparse_jax.training.checkpointing import Checkpointer
+from sparse_jax.training.optimizer import BatchedTrainConfig
 
 BACKBONES = ("hf_roberta", "lm_checkpoint")
 
@@ -99,14 +100,16 @@ def new_classifier(config, num_classes: int,
                    model_cfg: ml_collections.ConfigDict | None = None) -> SequenceClassifier:
   """A classifier of `config.backbone`'s architecture (`model_cfg`, default read from the
   backbone's config without its weights) with `config.method`'s plug-ins and a task head, all
-  initialised from `config.seed`."""
+  initialised from `config.seed`, the training streams in `train.rng_impl`."""
   model_cfg = backbone_model_config(config.backbone) if model_cfg is None else model_cfg
   dtype = parse(config.backbone).dtype
   if dtype is not None:
     model_cfg = ml_collections.ConfigDict({**dict(model_cfg), "dtype": dtype})
   method = methods.parse(config.method)
+  rng_impl = BatchedTrainConfig.parse(config.train, "train").rng_impl
   return SequenceClassifier(methods.with_method(model_cfg, method), num_classes,
-                            head_dropout=method.head_dropout, rngs=make_rngs(config.seed))
+                            head_dropout=method.head_dropout,
+                            rngs=make_rngs(config.seed, rng_impl))
 
 
 def build_classifier(config, num_classes: int) -> SequenceClassifier:

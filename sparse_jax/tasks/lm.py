@@ -97,8 +97,10 @@ class LMExperiment(schema.Schema):
 
 
 def build_model(config) -> TransformerLM:
-  """The LM of a config (ConfigDict or `LMExperiment`), initialised from its seed."""
-  return TransformerLM(config.model, rngs=make_rngs(config.seed))
+  """The LM of a config (ConfigDict or `LMExperiment`), initialised from its seed, its
+  training streams in `train.rng_impl`."""
+  rng_impl = TrainConfig.parse(config.train, "train").rng_impl
+  return TransformerLM(config.model, rngs=make_rngs(config.seed, rng_impl))
 
 
 def build_model_and_optimizer(config):

@@ -66,7 +66,7 @@ def target_loss(logits_btv: jax.Array, targets_bt: jax.Array):
 
 
 def build_model(config: Seq2SeqExperiment) -> Terraformer:
-  return Terraformer(config.model, rngs=make_rngs(config.seed))
+  return Terraformer(config.model, rngs=make_rngs(config.seed, config.train.rng_impl))
 
 
 class Seq2SeqTask(Task):

@@ -135,7 +135,8 @@ def trace_train_step(task: Task, placement: Placement):
   carry = placement.placed_shapes(carry, task.carry_shardings(placement))
   batch = placement.batch_shapes(task.batch_shapes())
   replicated = parallel.replicated(placement.mesh)
-  train_step = make_train_step(graphdef, task.loss, seed=task.typed.seed, wrt=task.trainable,
+  train_step = make_train_step(graphdef, task.loss, seed=task.typed.seed,
+                               rng_impl=task.typed.train.rng_impl, wrt=task.trainable,
                                out_shardings=(placement.state_shardings(state),
                                               task.carry_shardings(placement), replicated),
                                accum_steps=task.typed.train.grad_accum_steps, carry_rows=task)

@@ -139,7 +139,8 @@ class Run:
     out_shardings = (placement.state_shardings(self.state), task.carry_shardings(placement),
                      parallel.replicated(mesh))
     self.train_step = make_train_step(self.graphdef, task.loss, seed=task.typed.seed,
-                                      wrt=task.trainable, out_shardings=out_shardings,
+                                      rng_impl=train_cfg.rng_impl, wrt=task.trainable,
+                                      out_shardings=out_shardings,
                                       accum_steps=train_cfg.grad_accum_steps, carry_rows=task)
     self.compiled_step = None  # Compiled at the first step (`_compile_step`).
     self.compile_seconds = None  # Logged once, with the first train line.

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import optax
 
 from sparse_jax import schema, validation
+from sparse_jax.models.rngs import RNG_IMPLS
 from sparse_jax.training import profiling
 
 
@@ -61,6 +62,10 @@ class TrainConfig(schema.Schema):
   # A jax.profiler trace of steps START + 1 .. STOP into WORKDIR/profile (`training.profiling`):
   # "START,STOP" (`--config.train.profile_steps=10,15`) or (START, STOP); None: no profile.
   profile_steps: tuple[schema.NonNegativeInt, schema.NonNegativeInt] | str | None = None
+  # The PRNG of the dropout and routing streams (`models.rngs`): "rbg" / "unsafe_rbg" draw
+  # masks with XLA's RngBitGenerator, other ones than threefry's (docs/training.md "Dropout
+  # PRNG").
+  rng_impl: Literal[RNG_IMPLS] = "threefry"
 
   def check(self, path: str) -> None:
     validation.require(self.warmup_steps < self.steps, f"{path}.warmup_steps",

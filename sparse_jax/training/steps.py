@@ -7,7 +7,8 @@ gradients with respect to those parameters only, so frozen ones are never touche
 
 Randomness is a function of (seed, step): each step reseeds every stream but `params`
 (`dropout`, `routing`) from `fold_in(key(seed), step)` (`models.rngs.reseed`), so a resumed
-run draws exactly what an uninterrupted one would, without saving RNG state.
+run draws exactly what an uninterrupted one would, without saving RNG state. The keys are of
+the config's `train.rng_impl` (threefry, or the cheaper rbg / unsafe_rbg).
 """
 
 import functools
@@ -48,7 +49,7 @@ class CarryRows(Protocol):
 
 
 def _accumulate(loss_fn: LossFn, model: nnx.Module, wrt, batch, carry, *, n: int,
-                carry_rows: CarryRows, seed: int, step_index):
+                carry_rows: CarryRows, seed: int, step_index, rng_impl: str = "threefry"):
   """Loss, metrics, new carry and gradients of `batch` as `n` micro-batches (a `lax.scan`,
   so one micro-batch's activations are alive at a time): the means over micro-batches of each
   micro-batch's loss, metrics and gradients, which for a loss that is a mean over equally
@@ -58,7 +59,7 @@ def _accumulate(loss_fn: LossFn, model: nnx.Module, wrt, batch, carry, *, n: int
 
   def micro_loss(diff, micro_batch, micro_carry, micro):
     micro_model = nnx.merge(graphdef, diff, rest, copy=True)
-    reseed(micro_model, seed, step_index, micro)
+    reseed(micro_model, seed, step_index, micro, rng_impl)
     return loss_fn(micro_model, micro_batch, micro_carry)
 
   value_and_grad = jax.value_and_grad(micro_loss, has_aux=True)
@@ -78,9 +79,9 @@ def _accumulate(loss_fn: LossFn, model: nnx.Module, wrt, batch, carry, *, n: int
   return loss, metrics, carry_rows.join_carry(new_carry_n), grads
 
 
-def make_train_step(graphdef: nnx.GraphDef, loss_fn: LossFn, *, seed: int, wrt=nnx.Param,
-                    out_shardings=None, accum_steps: int = 1,
-                    carry_rows: CarryRows | None = None):
+def make_train_step(graphdef: nnx.GraphDef, loss_fn: LossFn, *, seed: int,
+                    rng_impl: str = "threefry", wrt=nnx.Param, out_shardings=None,
+                    accum_steps: int = 1, carry_rows: CarryRows | None = None):
   """Returns `step(state, carry, batch, step_index) -> (state, carry, metrics)`.
 
   `state` is `nnx.split((model, optimizer))[1]`; it and the carry are donated. The metrics are
@@ -88,7 +89,8 @@ def make_train_step(graphdef: nnx.GraphDef, loss_fn: LossFn, *, seed: int, wrt=n
   On a mesh, `out_shardings` (state's, carry's, the metrics') keeps the new state where the
   old one was. With `accum_steps` N > 1 the batch is taken as N micro-batches whose gradients
   are averaged before the one update (`_accumulate`); `carry_rows` (the task) splits the
-  carry with them.
+  carry with them. `rng_impl` is the PRNG implementation of the reseeded streams
+  (`models.rngs.RNG_IMPLS`); the model's streams must have been made in it (`make_rngs`).
   """
   if accum_steps > 1 and carry_rows is None:
     raise ValueError("gradient accumulation needs carry_rows to split the carry")
@@ -98,13 +100,13 @@ def make_train_step(graphdef: nnx.GraphDef, loss_fn: LossFn, *, seed: int, wrt=n
     model, optimizer = nnx.merge(graphdef, state)
     model.train()
     if accum_steps == 1:
-      reseed(model, seed, step_index)
+      reseed(model, seed, step_index, rng_impl=rng_impl)
       (loss, (metrics, new_carry)), grads = nnx.value_and_grad(
           loss_fn, argnums=nnx.DiffState(0, wrt), has_aux=True)(model, batch, carry)
     else:
       loss, metrics, new_carry, grads = _accumulate(
           loss_fn, model, wrt, batch, carry, n=accum_steps, carry_rows=carry_rows, seed=seed,
-          step_index=step_index)
+          rng_impl=rng_impl, step_index=step_index)
     optimizer.update(model, grads)
     metrics = {"loss": loss, **metrics, "grad_norm": optax.tree.norm(grads)}
     return nnx.state((model, optimizer)), new_carry, metrics
