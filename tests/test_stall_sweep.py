@@ -99,4 +99,5 @@ def test_the_probe_trains_quality_mediums_first_quarter_on_its_schedule():
   probe, full = stall_medium.get_config("dense/baseline"), quality_medium.get_config("dense")
   assert (probe.train.steps, probe.train.schedule_steps) == (1000, full.train.steps)
   assert probe.train.warmup_steps == full.train.warmup_steps
-  assert probe.model.to_dict() == full.model.to_dict() and probe.data.to_dict() == full.data.to_dict()
+  assert probe.model.to_dict() == full.model.to_dict()
+  assert probe.data.to_dict() == full.data.to_dict()
