@@ -6,7 +6,7 @@ They part from the others at steps 600-1000, and at step 1000 the training's sta
 (`sparse_jax.tasks.copy_score.StallRule`) tells them apart: so this trains the same runs, on the
 same 4000-step schedule, for their first 1000 steps (a quarter of the time), evaluating every
 250 steps on 20 batches. Smaller models do not learn to copy by step 1000 at all, stalled or
-not (RESULTS.md "Why one run in four stalled"), so they cannot tell a stall.
+not (benchmarks/history/2026-11-28_stall.md), so they cannot tell a stall.
 
 The argument is `MODEL/CHANGE`: `MODEL` one of `quality_medium.VARIANTS` ("dense",
 "sigma_moe"), `CHANGE` one of `CHANGES`, each one thing changed against the recipe
