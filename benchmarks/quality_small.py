@@ -102,6 +102,11 @@ def recorded_runs(out: str, config_name: str) -> dict:
   return {(r["corpus"], r["variant"], r["seed"]): r for r in current}
 
 
+def run_folder(root: str, config_name: str, corpus: str, variant: str, seed: int) -> str:
+  """Where `run` trains a (config, corpus, variant, seed) and leaves its result."""
+  return os.path.join(root, config_name, CORPUS_IDS[corpus], variant, f"seed{seed}")
+
+
 def run(config_name: str, corpus: str, variant: str, seed: int, steps: int | None,
         root: str, recorded: dict | None = None) -> dict:
   """One training run, or its result when it has finished before: saved in its run folder
@@ -118,7 +123,7 @@ def run(config_name: str, corpus: str, variant: str, seed: int, steps: int | Non
       raise SystemExit(f"{config_name} {corpus} {variant} seed {seed} is recorded with "
                        f"{earlier['steps']} steps, not {config.train.steps}: name another --out")
     return earlier
-  workdir = os.path.join(root, config_name, CORPUS_IDS[corpus], variant, f"seed{seed}")
+  workdir = run_folder(root, config_name, corpus, variant, seed)
   result_path = os.path.join(workdir, RESULT_FILE)
   if os.path.exists(result_path):
     with open(result_path) as f:

@@ -41,17 +41,18 @@ def evaluations(workdir: str) -> list[dict]:
 
 
 def stalled_at(evals: list[dict]) -> int | None:
-  """The first evaluation's step where `CRITERION` holds, or None."""
-  history = [(e["step"], e["copy_ratio"]) for e in evals]
-  return next((step for i, (step, _) in enumerate(history)
-               if CRITERION.stalled(history[:i + 1])), None)
+  """The first evaluation's step where `CRITERION` holds, or None (`StallDetector`, as the
+  training applies its rule)."""
+  detector = copy_score.StallDetector(CRITERION)
+  for e in evals:
+    detector.update(e["step"], e["copy_ratio"])
+  return detector.fired_at
 
 
 def train_one(variant: str, seed: int, root: str) -> dict:
   """One run (`quality_small.run`) with its evaluations and where it stalled."""
   result = dict(quality_small.run(CONFIG, CORPUS, variant, seed, None, root))
-  workdir = os.path.join(root, CONFIG, quality_small.CORPUS_IDS[CORPUS], variant, f"seed{seed}")
-  result["evaluations"] = evaluations(workdir)
+  result["evaluations"] = evaluations(quality_small.run_folder(root, CONFIG, CORPUS, variant, seed))
   result["stalled_at"] = stalled_at(result["evaluations"])
   return result
 

@@ -3,21 +3,10 @@ checkpoints restore, and a resumed run draws what an uninterrupted one drew."""
 
 import jax
 import numpy as np
-from flax import nnx
-from training_testing import patch_step, sigterm_at, train_losses
+from training_testing import patch_step, saved_params, sigterm_at, train_losses
 
 from sparse_jax.tasks import train_and_evaluate
-from sparse_jax.tasks.lm import build_model
 from sparse_jax.tasks.runs import evaluate_checkpoint
-from sparse_jax.training.checkpointing import Checkpointer
-
-
-def saved_params(workdir, config):
-  model = build_model(config)
-  checkpointer = Checkpointer(workdir)
-  checkpointer.restore_params(checkpointer.latest_step(), model)
-  checkpointer.close()
-  return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
 
 def test_rbg_run_resumes_exactly_and_its_checkpoint_evaluates(tiny_config, tmp_path,

@@ -7,25 +7,16 @@ import time
 import jax
 import numpy as np
 import pytest
-from flax import nnx
-from training_testing import patch_step, sigterm_at, train_losses
+from training_testing import patch_step, saved_params, sigterm_at, train_losses
 
 from sparse_jax.tasks import train_and_evaluate
-from sparse_jax.tasks.lm import LanguageModelTask, build_model
+from sparse_jax.tasks.lm import LanguageModelTask
 from sparse_jax.tasks.runs import evaluate_checkpoint
 from sparse_jax.training.checkpointing import Checkpointer, NoCheckpointError
 from sparse_jax.training import loop
 from sparse_jax.training.loop import NonFiniteLossError
 from sparse_jax.training.metrics_log import latest_records, logged_seconds, read_metrics
 from sparse_jax.validation import ConfigError
-
-
-def saved_params(workdir, config):
-  model = build_model(config)
-  checkpointer = Checkpointer(workdir)
-  checkpointer.restore_params(checkpointer.latest_step(), model)
-  checkpointer.close()
-  return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
 
 def test_a_few_dozen_steps_lower_the_loss(tiny_config, tmp_path):

@@ -10,13 +10,24 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from sparse_jax.tasks.lm import build_model
 from sparse_jax.training import loop
+from sparse_jax.training.checkpointing import Checkpointer
 from sparse_jax.training.metrics_log import latest_records, read_metrics
 
 
 def train_losses(workdir) -> dict[int, float]:
   """The logged training loss of every step (log_every=1) from `workdir/metrics.jsonl`."""
   return {r["step"]: r["loss"] for r in latest_records(read_metrics(str(workdir)), "train")}
+
+
+def saved_params(workdir, config) -> dict:
+  """The parameters of `workdir`'s latest checkpoint, as a pure dict, in `config`'s model."""
+  model = build_model(config)
+  checkpointer = Checkpointer(workdir)
+  checkpointer.restore_params(checkpointer.latest_step(), model)
+  checkpointer.close()
+  return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
 
 def patch_step(monkeypatch, after_step):
