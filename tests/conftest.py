@@ -38,11 +38,39 @@ jax.config.update("jax_persistent_cache_min_entry_size_bytes",
 # Eight simulated CPU devices for the mesh tests; everything else runs on the first one.
 jax.config.update("jax_num_cpu_devices", 8)
 
-# Run first: the tests that take a minute or more (training runs, subprocesses). With `-n 2`
-# the workers take tests in collection order, so a long test collected last would run alone at
-# the end while the other worker idles; started first, they overlap with the short ones.
-_LONG_TESTS_FIRST = ("tests/training/", "tests/test_cli.py", "tests/test_gpu_suite_smoke.py",
-                     "tests/test_scaling_benchmark_smoke.py")
+# The end-to-end tests, marked `slow`: they run as their own step (`python -m pytest -n 2 -m slow
+# tests`; README, .ci/run) so that the rest (`-m "not slow"`) stays under 20 minutes on 2 cores.
+# Each takes a minute or more (train.py / eval.py processes, kill loops, meshes of processes,
+# tasks trained to completion, the benchmarks' smoke runs); together ~45% of the suite's time.
+SLOW_TESTS = (
+    "tests/test_cli.py",
+    "tests/training/test_kill_resume.py",
+    "tests/training/test_checkpoint_faults.py",
+    "tests/training/test_parallel_training.py",
+    "tests/training/test_finetune_engine.py",
+    "tests/training/test_attention_kinds_resume.py",
+    "tests/training/test_rng_impl.py::test_rbg_run_resumes_exactly_and_its_checkpoint_evaluates",
+    "tests/training/test_arxiv_task.py",
+    "tests/training/test_finetune_offline.py",
+    "tests/training/test_seq2seq_task.py::test_train_resume_and_eval_on_the_long_test_split",
+    "tests/training/test_seq2seq_task.py::test_a_checkpoint_saved_before_the_trax_options",
+    "tests/training/test_seq2seq_task.py::test_train_to_completion_refuses_to_report",
+    "tests/training/test_bfloat16_training.py",
+    "tests/data/test_enwik8.py::test_e8_config_trains_and_evaluates_on_a_prepared_copy",
+    "tests/data/test_wikitext103.py::test_wt_s_config_trains_and_reports_token_and_word",
+    "tests/figures/test_attention_routing.py",
+    "tests/test_quickstart_notebook.py",
+    "tests/test_gpu_suite_smoke.py",
+    "tests/test_offline_bundle.py",
+    "tests/test_scaling_benchmark_smoke.py",
+    "tests/test_decode_benchmark_smoke.py",
+    "tests/test_length_generalization_smoke.py",
+    "tests/test_spartan_stdlib_seeds_smoke.py",
+    "tests/test_switchhead_small_smoke.py",
+)
+# Run first within their step: with `-n 2` the workers take tests in collection order, so a
+# long test collected last would run alone at the end while the other worker idles.
+_LONG_TESTS_FIRST = SLOW_TESTS + ("tests/training/",)
 
 
 def pytest_addoption(parser):
@@ -52,7 +80,11 @@ def pytest_addoption(parser):
            "ones (default 1, to keep the suite quick; 30 for a long run)")
 
 
+@pytest.hookimpl(tryfirst=True)  # Before `-m` deselects by marker.
 def pytest_collection_modifyitems(items):
+  for item in items:
+    if item.nodeid.startswith(SLOW_TESTS):
+      item.add_marker(pytest.mark.slow)
   items.sort(key=lambda item: not item.nodeid.startswith(_LONG_TESTS_FIRST))
 
 

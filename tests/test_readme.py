@@ -16,6 +16,8 @@ import re
 
 import pytest
 
+from conftest import SLOW_TESTS
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = "README.md"
 # Every page checked, relative to ROOT: the README and docs/*.md.
@@ -208,3 +210,16 @@ def test_every_docs_page_is_linked_from_the_readme():
   linked = {os.path.normpath(target.partition("#")[0])
             for target in re.findall(r"\]\(([^()\s]+)\)", prose(README))}
   assert not [page for page in PAGES[1:] if page not in linked]
+
+
+def test_the_suite_is_run_in_two_steps_and_the_slow_list_names_real_tests():
+  """The README runs the quick tests and the `slow` (end-to-end) ones as two commands, CI runs
+  both, and each `SLOW_TESTS` entry names a test file (and test) that exists: a renamed file
+  would otherwise move its tests back into the quick step unnoticed."""
+  commands = ('python -m pytest -n 2 -m "not slow" tests', "python -m pytest -n 2 -m slow tests")
+  for command in commands:
+    assert command in text(README) and command in text(".ci/run"), command
+  for entry in SLOW_TESTS:
+    path, _, name = entry.partition("::")
+    assert os.path.isfile(os.path.join(ROOT, path)), entry
+    assert not name or f"def {name}" in text(path), entry
