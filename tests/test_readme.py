@@ -210,18 +210,16 @@ def test_every_docs_page_is_linked_from_the_readme():
   assert not [page for page in PAGES[1:] if page not in linked]
 
 
-def test_the_suite_is_run_in_two_steps_and_the_slow_list_names_real_tests():
+def test_the_suite_is_run_in_two_steps_and_the_slow_list_names_real_tests(pytestconfig):
   """The README runs the quick tests and the `slow` (end-to-end) ones as two commands, CI runs
   both, and each `SLOW_TESTS` entry names a test file (and test) that exists: a renamed file
   would otherwise move its tests back into the quick step unnoticed."""
   commands = ('python -m pytest -n 2 -m "not slow" tests', "python -m pytest -n 2 -m slow tests")
   for command in commands:
     assert command in text(README) and command in text(".ci/run"), command
-  # By path: the name `conftest` is also tests/layers/conftest.py's.
-  spec = importlib.util.spec_from_file_location("tests_conftest",
-                                                os.path.join(ROOT, "tests", "conftest.py"))
-  conftest = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(conftest)
+  # The module pytest loaded, registered by its path (`import conftest` could find
+  # tests/layers/conftest.py's instead).
+  conftest = pytestconfig.pluginmanager.get_plugin(os.path.join(ROOT, "tests", "conftest.py"))
   for entry in conftest.SLOW_TESTS:
     path, _, name = entry.partition("::")
     assert os.path.isfile(os.path.join(ROOT, path)), entry
