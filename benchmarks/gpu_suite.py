@@ -23,7 +23,7 @@ and the suite goes on:
      (no dataset is prepared): ms/step, tokens/s, against the comparison's baseline, peak
      memory.
   5. step_profile: where the training step's device time goes (`benchmarks.step_profile`) for
-     the dense, sigma-MoE and SwitchHead WT-103 S models (`STEP_PROFILE`): a few traced steps,
+     the dense (also with the fused attention), sigma-MoE and SwitchHead WT-103 S models (`STEP_PROFILE`): a few traced steps,
      device ms per category (matmuls, attention, dropout and RNG, norms and elementwise, MoE,
      copies, optimizer, other), the top kernels, and the kernels' sum beside the measured step.
      It reuses the steps the training part compiled (seconds each, run even past the part's
@@ -483,19 +483,23 @@ def model_key(config) -> tuple:
   return config.model.to_json(sort_keys=True), config.data.batch_size, config.data.seq_len
 
 
-def build_training(config) -> tuple[LMTrainStep, dict]:
-  """The config's training step on one device, compiled, and its random batch."""
+def build_training(config) -> tuple[LMTrainStep, dict, float]:
+  """The config's training step on one device, compiled, its random batch, and the seconds
+  the compilation took."""
   train_step = LMTrainStep(config, parallel.make_mesh([1, 1, 1]))
   batch = train_step.random_batch(np.random.default_rng(0))
+  start = time.perf_counter()
   train_step.compile(batch)
-  return train_step, batch
+  return train_step, batch, time.perf_counter() - start
 
 
 def time_training(config, steps: int, keep: dict | None = None) -> dict:
   """Median time of the jitted training step on one device, fed random tokens, after one
-  warm-up step; the compiled step's peak memory. With `keep`, the compiled step and its
-  batch are left there under `model_key(config)` (for the step_profile part)."""
-  train_step, batch = build_training(config)
+  warm-up step; its compile seconds, model FLOPs (`lm_step_flops`) and MFU against the
+  device's bfloat16 peak (`roofline.PEAKS`; None off that table); the compiled step's peak
+  memory. With `keep`, the compiled step and its batch are left there under
+  `model_key(config)` (for the step_profile part)."""
+  train_step, batch, compile_s = build_training(config)
   mesh, compiled = train_step.mesh, train_step.step_fn
   if keep is not None:
     keep[model_key(config)] = (train_step, batch)
@@ -507,7 +511,11 @@ def time_training(config, steps: int, keep: dict | None = None) -> dict:
       times.append(time.perf_counter() - start)
   step_ms = 1e3 * statistics.median(times[1:])
   batch_size, seq_len = config.data.batch_size, config.data.seq_len
+  peaks = roofline.device_peaks(jax.devices()[0].device_kind)
+  tflop = train_step.flops_per_step / 1e12
   return {"step_ms": step_ms, "tokens_per_second": batch_size * seq_len / step_ms * 1e3,
+          "compile_s": compile_s, "model_tflop_per_step": tflop,
+          "mfu": peaks and tflop / (step_ms / 1e3) / peaks.tflops["bfloat16"],
           "peak_memory_bytes": cvmm_benchmark.peak_memory_bytes(compiled),
           "loss": float(metrics["loss"])}
 
@@ -552,7 +560,10 @@ def training_part(scale: Scale, budget: Budget, comparisons: list[str],
 
 # Part 5: where the training step's time goes.
 
-STEP_PROFILE = ("dense wt103_s", "sigma_moe wt103_s", "switchhead wt103_s")  # rows of TRAINING
+# Rows of TRAINING, in order; one the training part did not compile is compiled here only
+# while the part's share lasts.
+STEP_PROFILE = ("dense wt103_s", "sigma_moe wt103_s", "dense wt103_s fused attention",
+                "switchhead wt103_s")
 
 
 def step_profile_part(scale: Scale, budget: Budget, compiled: dict) -> dict:
@@ -573,7 +584,7 @@ def step_profile_part(scale: Scale, budget: Budget, compiled: dict) -> dict:
     progress(budget, f"step_profile: {name}"
                      f"{' (compiled by the training part)' if cached else ''}")
     try:
-      train_step, batch = cached or build_training(config)
+      train_step, batch = cached or build_training(config)[:2]
       report = step_profile.device_report(train_step, batch, steps=scale.profile_steps, warmup=1)
       row.update(report, compiled_by="training part" if cached else "step_profile part")
     except Exception as error:  # A model's failure is its row; the suite goes on.

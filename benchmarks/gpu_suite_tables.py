@@ -121,20 +121,22 @@ def training_table(part: dict | None) -> str:
   lines = [title, "", f"Median of {part['steps']} steps after a warm-up step; \"x baseline\": "
            "the comparison's first model's step time over this one's.", "",
            "| comparison | model | params | batch x seq_len | ms/step | tokens/s | x baseline "
-           "| peak memory GiB |",
-           "|---|---|---:|---|---:|---:|---:|---:|"]
+           "| MFU | compile s | peak memory GiB |",
+           "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
   for row in part["rows"]:
     shape = f"{row['batch_size']} x {row['seq_len']}"
     if row["status"] != "ok":
       status = row["status"] if row["status"] != "error" else f"error: {row['error'][:200]}"
       lines.append(f"| {row['comparison']} | {row['model']} | - | {shape} | {status} | - | - "
-                   "| - |")
+                   "| - | - | - |")
       continue
     memory = row["peak_memory_bytes"]
     model = row["model"] + (f" (= {row['same_model_as']})" if "same_model_as" in row else "")
     lines.append(f"| {row['comparison']} | {model} | {row['params']:,} | {shape} | "
                  f"{row['step_ms']:.1f} | {row['tokens_per_second']:.0f} | "
                  f"{number(row.get('x_baseline'), '.2f')} | "
+                 f"{number(row.get('mfu'), '.1%')} | "
+                 f"{number(row.get('compile_s'), '.0f')} | "
                  f"{number(memory and memory / 2**30, '.2f')} |")
   return "\n".join(lines)
 

@@ -34,6 +34,7 @@ class LMTrainStep:
     model, optimizer = self.placement.create(lambda: build_model_and_optimizer(self.config))
     self.memory = self.placement.create_memory(
         lambda: model.init_memory(self.config.data.batch_size))
+    self.flops_per_step = task.flops_per_step(model)  # model FLOPs (`lm_step_flops`), for MFU
     graphdef, self.state = nnx.split((model, optimizer))
     self.step_fn = make_train_step(graphdef, loss_fn or task.loss, seed=self.config.seed,
                                    rng_impl=self.config.train.rng_impl,

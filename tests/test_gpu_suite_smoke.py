@@ -80,6 +80,10 @@ def check_training_and_decode_rows(out, report):
     assert row["status"] == "ok" and row["dtype"] == "bfloat16" and row["step_ms"] > 0
     tokens = row["batch_size"] * row["seq_len"]
     assert row["tokens_per_second"] == pytest.approx(tokens / (row["step_ms"] * 1e-3))
+    assert row["compile_s"] > 0 and row["model_tflop_per_step"] > 0
+    peaks = roofline.device_peaks(jax.devices()[0].device_kind)
+    assert row["mfu"] == (peaks and pytest.approx(
+        row["model_tflop_per_step"] / (row["step_ms"] * 1e-3) / peaks.tflops["bfloat16"]))
     baseline = next(r for r in rows if r["comparison"] == row["comparison"])
     assert row["x_baseline"] == pytest.approx(baseline["step_ms"] / row["step_ms"])
   # The two papers' WT-103 S dense baselines are one model, timed once.
