@@ -112,6 +112,11 @@ _MOE_MODULES = frozenset({"moe", "expert_parallel", "sigma", "routing", "switch"
                           "blocked", "ragged", "megablox", "backends", "gather_oracle"})
 _MOE_FUNCTIONS = re.compile(r"\.(route|project_v|project_out|_aux|_global_ids)$")
 _MOE_OP_NAME = re.compile(r"pallas_call|segment_matmul|cvmm|weight_grad|mosaic")
+# Our Pallas kernels by the names they launch under (`pl.pallas_call(name=...)`; a trace of
+# a step run as a CUDA graph may name nothing else): the fused XL attention's three
+# (pallas_kernels/xl_attention.py) and cuDNN's fused attention; the cvmm kernels.
+_ATTENTION_KERNEL = re.compile(r"xl_attention_(forward|dq|dkdv)|fmha|flash_attention")
+_MOE_KERNEL = re.compile(r"^cvmm_|segment_matmul|mosaic_gpu")
 _GEMM_TARGETS = re.compile(r"cublas|gemm|matmul|cudnn\$conv", re.IGNORECASE)
 _GEMM_KERNEL = re.compile(r"gemm|xmma|nvjet|cutlass|cublas|sm\d+_.*mma", re.IGNORECASE)
 
@@ -164,7 +169,7 @@ def categorize(op: Op) -> str:
   """The key in `CATEGORIES` of one operation. In order: random bits and dropout masks (a
   fusion computing threefry's rounds counts whole, with the residual add it may hold);
   the optimizer (what the step computes outside the differentiated loss); the
-  Transformer-XL relative shift; copies, transposes and pads (XLA's, around GEMMs too); MoE
+  Transformer-XL relative shift and the fused attention kernels; copies, transposes and pads (XLA's, around GEMMs too); MoE
   layers and their kernels (SwitchHead's expert projections and routing too); the
   attention core (scores, mask, softmax, the weighted sum); the remaining matmuls; gathers,
   scatters and sorts; every other fusion or elementwise operation."""
@@ -176,12 +181,13 @@ def categorize(op: Op) -> str:
   if (op.op_name.startswith("jit(") and not _GRADIENT.search(op.op_name)
       and not is_data_movement(op)):
     return "optimizer"
-  if "rel_shift" in functions:
+  if "rel_shift" in functions or _ATTENTION_KERNEL.search(op.name + " " + op.op_name):
     return "attention"
   if is_data_movement(op):
     return "copies"
   if (modules & _MOE_MODULES or any(_MOE_FUNCTIONS.search(f) for f in functions)
-      or _MOE_OP_NAME.search(op.op_name) or "triton" in op.target or "mosaic" in op.target):
+      or _MOE_OP_NAME.search(op.op_name) or "triton" in op.target or "mosaic" in op.target
+      or (not op.opcode and _MOE_KERNEL.search(op.name))):
     return "moe"
   if any(_ATTENTION_FUNCTIONS.match(f.rpartition(".")[2]) for f in functions):
     return "attention"

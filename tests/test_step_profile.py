@@ -63,6 +63,17 @@ CASES = [
         "jit(train_step)/jvp(jit(segment_matmul))/cvmm_segment_matmul/pallas_call",
         ("triton_matmul:segment_matmul", "expert_mlp:_fused_fwd", "moe:MoE.__call__"),
         target="__gpu$xla.gpu.triton"), "moe"),
+    # Pallas kernels known by the names they launch under only (H200 traces of a step run
+    # as a CUDA graph, 2026-11-28), and the fused attention's custom call.
+    (Op("cvmm_weight_grad__1"), "moe"),
+    (Op("cvmm_segment_matmul"), "moe"),
+    (Op("xl_attention_dq"), "attention"),
+    (Op("xl_attention_forward"), "attention"),
+    (Op("custom-call.31", "custom-call",
+        "jit(train_step)/jvp(jit(_xl_attention))/xl_attention_dkdv/pallas_call",
+        ("xl_attention:_backward", "xl_attention:RelativeMultiHeadAttention.__call__"),
+        target="__gpu$xla.gpu.triton"), "attention"),
+    (Op("loop_add_fusion_15"), "norms_elementwise"),
     (Op("fusion.59", "fusion", "jit(train_step)/jvp()/top_k",
         ("sigma:SigmaRouter.__call__", "moe:MoE.__call__")), "moe"),
     (Op("gemm_fusion_dot.40", "fusion", "jit(train_step)/jvp(btd,edc->bthc)/dot_general",
