@@ -1,7 +1,7 @@
 """Every GPU measurement in one command, meant to fit in 8 minutes on an H100 (GPU time is scarce).
 
     python -m benchmarks.gpu_suite --out DIR [--budget_s 420] [--blocked] [--parts=tests,training]
-        [--tests=PATH,...] [--training=sigma_moe,fused_attention,switchhead,moeut]
+        [--tests=PATH,...] [--training=sigma_moe,xla_attention,switchhead,moeut]
     python -m benchmarks.gpu_suite --smoke --out DIR     # tiny shapes on CPU: checks the suite
 
 Parts, in order; each one's failure (and each cell's) is caught, recorded with its error text,
@@ -17,14 +17,15 @@ and the suite goes on:
      fraction of it achieved, time relative to dense, and peak memory (the sigma-MoE paper's
      Fig. 2: time and memory against N_E).
   4. training: one training step of each model of `TRAINING`'s comparisons (or --training):
-     configs/sigma_moe_paper.py:wt103_s and its dense baseline, the same two with the fused
-     XL attention (`model.attention_impl=pallas`), the SwitchHead paper's WT-103 S trio,
+     configs/sigma_moe_paper.py:wt103_s and its dense baseline (the fused XL attention, the
+     default on one GPU), the same two with the XLA attention (`model.attention_impl=xla`),
+     the SwitchHead paper's WT-103 S trio,
      MoEUT 44M and its dense baseline; bfloat16 compute, f32 parameters, on random tokens
      (no dataset is prepared): ms/step, tokens/s, against the comparison's baseline, peak
      memory.
   5. step_profile: where the training step's device time goes (`benchmarks.step_profile`) for
-     the dense (also with the fused attention), sigma-MoE and SwitchHead WT-103 S models (`STEP_PROFILE`): a few traced steps,
-     device ms per category (matmuls, attention, dropout and RNG, norms and elementwise, MoE,
+     the dense (also with the XLA attention), sigma-MoE and SwitchHead WT-103 S models
+     (`STEP_PROFILE`): a few traced steps, device ms per category (matmuls, attention, dropout and RNG, norms and elementwise, MoE,
      copies, optimizer, other), the top kernels, and the kernels' sum beside the measured step.
      It reuses the steps the training part compiled (seconds each, run even past the part's
      share); a model that part did not reach is compiled here only within the share.
@@ -432,14 +433,15 @@ def cvmm_part(scale: Scale, budget: Budget, impls: list[str], save) -> dict:
 # comparison: its models, the first the baseline the others' `x_baseline` is over; each a
 # (row name, config file module, its spec or None). The sigma-MoE paper's WT-103 S pair, the
 # SwitchHead paper's WT-103 S trio, MoEUT's 44M pair.
-FUSED = {"attention_impl": "pallas"}  # model fields a row sets over its config's
+XLA_ATTENTION = {"attention_impl": "xla"}  # model fields a row sets over its config's
 TRAINING = {
     "sigma_moe": (("dense wt103_s", wt103_s_dense, None),
                   ("sigma_moe wt103_s", sigma_moe_paper, "wt103_s")),
-    # The same two models with the XL attention core in the fused kernels (issue 60).
-    "fused_attention": (("dense wt103_s fused attention", wt103_s_dense, None, FUSED),
-                        ("sigma_moe wt103_s fused attention", sigma_moe_paper, "wt103_s",
-                         FUSED)),
+    # The same two models with the XL attention core in XLA, the scores in memory (the
+    # default, "auto", runs the fused kernels on one GPU: issue 60's before and after).
+    "xla_attention": (("dense wt103_s xla attention", wt103_s_dense, None, XLA_ATTENTION),
+                      ("sigma_moe wt103_s xla attention", sigma_moe_paper, "wt103_s",
+                       XLA_ATTENTION)),
     "switchhead": (("dense 10 heads wt103_s", switchhead_paper, "wt103_s,dense"),
                    ("switchhead wt103_s", switchhead_paper, "wt103_s,switchhead"),
                    ("dense 2 heads wt103_s", switchhead_paper, "wt103_s,dense_few")),
@@ -562,7 +564,7 @@ def training_part(scale: Scale, budget: Budget, comparisons: list[str],
 
 # Rows of TRAINING, in order; one the training part did not compile is compiled here only
 # while the part's share lasts.
-STEP_PROFILE = ("dense wt103_s", "sigma_moe wt103_s", "dense wt103_s fused attention",
+STEP_PROFILE = ("dense wt103_s", "sigma_moe wt103_s", "dense wt103_s xla attention",
                 "switchhead wt103_s")
 
 

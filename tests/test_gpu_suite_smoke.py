@@ -71,9 +71,9 @@ def check_training_and_decode_rows(out, report):
       for name, *_ in models]
   kinds = {r["model"]: (r["attention"], r["ff"]["kind"]) for r in rows}
   assert kinds["sigma_moe wt103_s"] == ("xl", "sigma_moe")
-  assert kinds["sigma_moe wt103_s fused attention"] == ("xl", "sigma_moe")
-  assert {r["model"] for r in rows if r["attention_impl"] == "pallas"} == {
-      "dense wt103_s fused attention", "sigma_moe wt103_s fused attention"}
+  assert kinds["sigma_moe wt103_s xla attention"] == ("xl", "sigma_moe")
+  assert {r["model"] for r in rows if r["attention_impl"] == "xla"} == {
+      "dense wt103_s xla attention", "sigma_moe wt103_s xla attention"}
   assert kinds["switchhead wt103_s"] == ("switchhead_xl", "dense")
   assert kinds["moeut 44m"] == ("switchhead", "sigma_moe")
   for row in rows:

@@ -307,7 +307,7 @@ class SwitchHeadXLAttention(SwitchHeadAttention):
     pos_kd = sinusoid_embedding(-jnp.arange(k - 1, -1, -1), self.d_model, interleaved=True)
     r_khc = jnp.einsum("kd,dhc->khc", pos_kd.astype(dtype), self.w_pos[...].astype(dtype))
     # "pallas" runs the attention core in the fused XL kernels too (`pallas_kernels.
-    # xl_attention`), where there is no attention dropout; "auto" keeps it in XLA for now.
+    # xl_attention`), where there is no attention dropout; "auto" does on one GPU.
     fused = self.attn_dropout.rate == 0 and use_fused(self.impl, self.attn_dropout.rate)
     out_bthc = attend_relative(q_bthc, q_bthc, k_bkhc, v_bkhc, r_khc,
                                1 / math.sqrt(self.head_dim), mem_valid, self.attn_dropout,

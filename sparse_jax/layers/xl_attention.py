@@ -15,7 +15,8 @@ writes the float32 `[B, H, T, M + T]` scores, shifts, masks and softmaxes them i
 backward pass reads them again); "pallas" runs the fused kernels of
 `pallas_kernels.xl_attention` (flash attention whose scores stay on chip, the position term
 read through the skewed index; interpret mode off GPU), which have no attention dropout;
-"auto" is "xla" until the fused kernels have run on a GPU (`pallas_kernels.xl_attention.use_fused`).
+"auto" is "pallas" when tracing for one GPU without attention dropout, else "xla"
+(`pallas_kernels.xl_attention.use_fused`).
 """
 
 import math

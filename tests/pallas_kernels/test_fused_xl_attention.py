@@ -14,6 +14,7 @@ import pytest
 from flax import nnx
 
 from configs import default
+from pallas_kernels import backends
 from pallas_kernels.xl_attention import XL_IMPLS, use_fused, xl_attention, xl_blocks
 from sparse_jax.layers.xl_attention import RelativeMultiHeadAttention, attend_relative
 from sparse_jax.models.lm import TransformerLM
@@ -125,9 +126,17 @@ def test_the_block_rule_pads_the_head_and_fits_small_problems():
       == (16, 16)
 
 
-def test_auto_keeps_the_xla_path_on_cpu_and_pallas_refuses_dropout():
-  assert not use_fused("auto", 0.0)  # These tests trace for the CPU.
+def test_auto_picks_the_fused_path_on_one_gpu_and_pallas_refuses_dropout(monkeypatch):
   assert use_fused("pallas", 0.0) and not use_fused("xla", 0.0)
+  one, two = (jax.sharding.AbstractMesh((n,), ("data",)) for n in (1, 2))
+  with jax.sharding.use_abstract_mesh(one):
+    assert not use_fused("auto", 0.0)  # These tests trace for the CPU.
+  monkeypatch.setattr(backends, "target_platform", lambda: "gpu")
+  with jax.sharding.use_abstract_mesh(one):
+    assert use_fused("auto", 0.0)
+    assert not use_fused("auto", 0.1)  # the XLA path, which has dropout; no error
+  with jax.sharding.use_abstract_mesh(two):
+    assert not use_fused("auto", 0.0)  # a Pallas call cannot be split over a mesh
   with pytest.raises(ValueError, match="attn_dropout"):
     use_fused("pallas", 0.1)
   with pytest.raises(ValueError, match="attn_dropout"):
