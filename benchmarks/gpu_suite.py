@@ -19,14 +19,14 @@ and the suite goes on:
   4. training: one training step of each model of `TRAINING`'s comparisons (or --training):
      configs/sigma_moe_paper.py:wt103_s and its dense baseline (the fused XL attention, the
      default on one GPU), the same two with the XLA attention (`model.attention_impl=xla`),
-     the SwitchHead paper's WT-103 S trio,
-     MoEUT 44M and its dense baseline; bfloat16 compute, f32 parameters, on random tokens
-     (no dataset is prepared): ms/step, tokens/s, against the comparison's baseline, peak
-     memory.
+     the SwitchHead paper's WT-103 S trio, MoEUT 44M and its dense baseline; bfloat16
+     compute, f32 parameters, on random tokens (no dataset is prepared): ms/step, tokens/s,
+     against the comparison's baseline, MFU, compile seconds, peak memory.
   5. step_profile: where the training step's device time goes (`benchmarks.step_profile`) for
      the dense (also with the XLA attention), sigma-MoE and SwitchHead WT-103 S models
-     (`STEP_PROFILE`): a few traced steps, device ms per category (matmuls, attention, dropout and RNG, norms and elementwise, MoE,
-     copies, optimizer, other), the top kernels, and the kernels' sum beside the measured step.
+     (`STEP_PROFILE`): a few traced steps, device ms per category (matmuls, attention,
+     dropout and RNG, norms and elementwise, MoE, copies, optimizer, other), the top
+     kernels, and the kernels' sum beside the measured step.
      It reuses the steps the training part compiled (seconds each, run even past the part's
      share); a model that part did not reach is compiled here only within the share.
   6. decode: benchmarks/decode.py at its defaults.

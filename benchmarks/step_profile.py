@@ -169,10 +169,10 @@ def categorize(op: Op) -> str:
   """The key in `CATEGORIES` of one operation. In order: random bits and dropout masks (a
   fusion computing threefry's rounds counts whole, with the residual add it may hold);
   the optimizer (what the step computes outside the differentiated loss); the
-  Transformer-XL relative shift and the fused attention kernels; copies, transposes and pads (XLA's, around GEMMs too); MoE
-  layers and their kernels (SwitchHead's expert projections and routing too); the
-  attention core (scores, mask, softmax, the weighted sum); the remaining matmuls; gathers,
-  scatters and sorts; every other fusion or elementwise operation."""
+  Transformer-XL relative shift and the fused attention kernels; copies, transposes and pads
+  (XLA's, around GEMMs too); MoE layers and their kernels (SwitchHead's expert projections and
+  routing too); the attention core (scores, mask, softmax, the weighted sum); the remaining
+  matmuls; gathers, scatters and sorts; every other fusion or elementwise operation."""
   functions = [frame.rpartition(":")[2] for frame in op.stack]
   modules = {frame.partition(":")[0] for frame in op.stack}
   if (op.opcode in RNG_OPCODES or _RNG_OP_NAME.search(op.op_name) or _THREEFRY <= set(op.fused)
