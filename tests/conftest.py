@@ -92,6 +92,17 @@ _FILES_PER_SPLIT = {"train": 12, "validation": 3, "test": 3}
 _MAX_FILE_BYTES = 20_000
 
 
+@pytest.fixture
+def full_float32_matmuls():
+  """Full float32 products for a test comparing float32 with float32 tolerances. On a GPU,
+  XLA multiplies float32 matrices in TF32 by default (a 10-bit mantissa: relative errors near
+  1e-4 to 1e-3, which failed five MoE-layer tests and every fused-XL-attention comparison on
+  an H200); on the CPU this changes nothing. Every test under tests/layers uses it, and the
+  fused XL attention's tests, whose kernels multiply float32 tiles in IEEE float32."""
+  with jax.default_matmul_precision("highest"):
+    yield
+
+
 @pytest.fixture(scope="session")
 def stdlib_slice(tmp_path_factory) -> str:
   """A directory holding a few real standard-library files, with every split non-empty."""

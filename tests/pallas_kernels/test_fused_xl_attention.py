@@ -21,14 +21,9 @@ from sparse_jax.models.lm import TransformerLM
 from sparse_jax.models.lm_config import validate_model_config
 
 
-@pytest.fixture(autouse=True)
-def _full_float32_matmuls():
-  """The kernel multiplies float32 tiles in IEEE float32 (`dot_precision`); XLA, on a GPU,
-  in TF32 unless told otherwise (relative errors near 1e-3, which failed every comparison
-  with the XLA path on an H200). The XLA path is told, so both are float32 and the float32
-  tolerances hold; on the CPU this changes nothing (as tests/layers/conftest.py)."""
-  with jax.default_matmul_precision("highest"):
-    yield
+# The kernel multiplies float32 tiles in IEEE float32 (`dot_precision`); the XLA path it is
+# compared with does too only when told (on a GPU its default is TF32).
+pytestmark = pytest.mark.usefixtures("full_float32_matmuls")
 
 
 def _inputs(b, t, m, h, d, seed=0):
