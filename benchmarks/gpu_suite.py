@@ -2,6 +2,7 @@
 
     python -m benchmarks.gpu_suite --out DIR [--budget_s 420] [--blocked] [--parts=tests,training]
         [--tests=PATH,...] [--training=sigma_moe,xla_attention,switchhead,moeut]
+        [--parts=quality --quality_data=DIR [--quality="ARGS"]]
     python -m benchmarks.gpu_suite --smoke --out DIR     # tiny shapes on CPU: checks the suite
 
 Parts, in order; each one's failure (and each cell's) is caught, recorded with its error text,
@@ -35,6 +36,11 @@ and the suite goes on:
      dense-equivalent probe and, with `--theirs=DIR` (their sources staged by
      `python -m benchmarks.cvmm_side_by_side --stage_theirs=third_party`), against the
      authors' original CVMM, cvmm_codex and ScatterMoE, on the same inputs.
+  8. quality (only when --parts names it; a call of its own): training runs of
+     `benchmarks.quality_small` (--quality: the 12 `quality_medium` runs by default),
+     `QUALITY_JOBS` at a time on the one GPU, on corpora carried from the CPU machine
+     (--quality_data) so that they are the ones its runs trained on; issue 61's 12 runs take
+     some 2.5 hours each on the 2-core CPU.
 Writes DIR/gpu_suite.json and DIR/gpu_suite.md (Markdown tables for benchmarks/RESULTS.md)
 after every part (a part left out of --parts reads "skipped: --parts"), so a run that is
 killed keeps what it measured; prints the Markdown at the end and progress lines to stderr as
@@ -56,6 +62,7 @@ import math
 import os
 import pathlib
 import platform
+import shlex
 import signal
 import statistics
 import subprocess
@@ -85,14 +92,19 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # training cell (compiling the 16-layer model) and decoding room in the minute between the
 # default budget and 8 minutes (estimated: check the elapsed times of the first GPU run).
 PART_ENDS = {"tests": 0.3, "cvmm": 0.65, "training": 0.85, "step_profile": 0.9, "decode": 1.0,
-             "side_by_side": 1.0}
+             "side_by_side": 1.0, "quality": 1.0}
 TEST_PATHS = ("tests/pallas_kernels", "tests/layers/test_moe_layers.py",
               "tests/layers/test_switchhead_attention.py",
               "tests/layers/test_switchhead_xl_attention.py",
               "tests/layers/test_switchhead_authors.py")
-PARTS = ("tests", "cvmm", "training", "step_profile", "decode", "side_by_side")  # after
-# "environment"; the default --parts leaves out side_by_side, which needs a call of its own.
-DEFAULT_PARTS = PARTS[:-1]
+PARTS = ("tests", "cvmm", "training", "step_profile", "decode", "side_by_side", "quality")
+# (after "environment"); the default --parts leaves out the last two, each a call of its own.
+DEFAULT_PARTS = PARTS[:-2]
+# The quality part: `benchmarks.quality_small`'s arguments by default (--quality), and how many
+# runs share the GPU at a time (small models: one alone leaves most of it idle).
+QUALITY_ARGS = "--config=quality_medium --seeds=0,1,2,3,4,5 --corpora=builtin,prose"
+SMOKE_QUALITY_ARGS = "--config=quality_small --variants=dense --seeds=0 --steps=2"
+QUALITY_JOBS = 8
 TESTS_TIMEOUT_S = 240
 INTERRUPT_GRACE_S = 20  # for pytest to write its junit XML after a timeout's SIGINT
 TEST_WORKERS = 4  # pytest-xdist processes sharing the GPU: test time is mostly compilation.
@@ -207,15 +219,17 @@ def tests_part(scale: Scale, out_dir: pathlib.Path, budget: Budget,
   return {**result, **junit_counts(xml)}
 
 
-def run_with_timeout(command: list[str], log: pathlib.Path, timeout_s: float) -> int | None:
+def run_with_timeout(command: list[str], log: pathlib.Path, timeout_s: float,
+                     env: dict[str, str] | None = None) -> int | None:
   """Runs `command` in the repository with output to `log`; its exit code, or None if it
   ran out of time. Then its process group (xdist workers included) is interrupted, so that
   pytest still writes the junit XML of the tests that finished, and killed if it lingers.
 
   The children allocate GPU memory as they need it: this process already holds XLA's
-  preallocated share of the device."""
+  preallocated share of the device. `env` adds to (or overrides) their environment."""
   # tests/conftest.py runs the tests on the CPU unless JAX_PLATFORMS names the GPU.
-  env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false", "JAX_PLATFORMS": "cuda,cpu"}
+  env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false", "JAX_PLATFORMS": "cuda,cpu",
+         **(env or {})}
   with open(log, "w") as log_file:
     child = subprocess.Popen(command, cwd=REPO, env=env, stdout=log_file,
                              stderr=subprocess.STDOUT, start_new_session=True)
@@ -637,6 +651,33 @@ def side_by_side_part(scale: Scale, out_dir: pathlib.Path, budget: Budget,
   return cvmm_side_by_side.suite_part(out_dir, left, theirs=theirs, smoke=scale.smoke)
 
 
+def quality_part(scale: Scale, out_dir: pathlib.Path, budget: Budget, quality_args: str | None,
+                 data: str | None) -> dict:
+  """`benchmarks.quality_small` with `quality_args` (default `QUALITY_ARGS`: the 12
+  `quality_medium` runs), `QUALITY_JOBS` runs at a time, until the budget ends; runs on the
+  corpora staged in `data` (`quality_small --stage_corpora`: this machine's Python and files
+  make other ones), float32 matmuls in full precision as on the CPU. Finished runs are in
+  DIR/quality.json (rewritten as each finishes), the log in DIR/quality.log."""
+  left = budget.left("quality")
+  if left <= 0:
+    return {"status": "skipped: time budget"}
+  quality_args = quality_args or (SMOKE_QUALITY_ARGS if scale.smoke else QUALITY_ARGS)
+  workdir = pathlib.Path(data).resolve() if data else out_dir / "quality_runs"
+  out, log = out_dir / "quality.json", out_dir / "quality.log"
+  command = [sys.executable, "-m", "benchmarks.quality_small", *shlex.split(quality_args),
+             f"--jobs={1 if scale.smoke else QUALITY_JOBS}", f"--workdir={workdir}",
+             f"--out={out}"]
+  env = {"JAX_DEFAULT_MATMUL_PRECISION": "highest", "JAX_PLATFORMS": "" if scale.smoke else
+         "cuda,cpu", **({"TFDS_DATA_DIR": str(workdir / "tensorflow_datasets")} if data else {})}
+  progress(budget, f"quality: {' '.join(command[1:])} (timeout {left:.0f} s, log {log})")
+  returncode = run_with_timeout(command, log, left, env)
+  result = {"command": " ".join(["python", *command[1:]]), "returncode": returncode}
+  if not out.exists():
+    return {**result, "status": "error", "error": f"no run finished; last output:\n{tail(log)}"}
+  recorded = json.loads(out.read_text())
+  return {**result, "runs": len(recorded["runs"]), "summary": recorded["summary"]}
+
+
 def run_part(report: Report, budget: Budget, name: str, part, *args) -> None:
   """Runs a part; an exception becomes the part's error (with its traceback)."""
   progress(budget, f"part {name}")
@@ -669,6 +710,12 @@ def parse_args(argv):
   parser.add_argument("--training", default=",".join(TRAINING),
                       help=f"comma-separated comparisons the training part times, of "
                            f"{','.join(TRAINING)}")
+  parser.add_argument("--quality", default=None,
+                      help=f"quality: arguments for benchmarks.quality_small (default "
+                           f"{QUALITY_ARGS!r}; the part adds --jobs, --workdir and --out)")
+  parser.add_argument("--quality_data", default=None,
+                      help="quality: the corpora staged by `python -m benchmarks.quality_small "
+                           "--stage_corpora=DIR --corpora=builtin,prose`, and where runs go")
   parser.add_argument("--smoke", action="store_true",
                       help="tiny shapes, tests skipped: checks the suite itself, on CPU")
   args = parser.parse_args(argv)
@@ -703,7 +750,8 @@ def main(argv=None) -> dict:
                         compiled if "step_profile" in args.parts else None),
            "step_profile": (step_profile_part, scale, budget, compiled),
            "decode": (decode_part, scale, out_dir, budget),
-           "side_by_side": (side_by_side_part, scale, out_dir, budget, args.theirs)}
+           "side_by_side": (side_by_side_part, scale, out_dir, budget, args.theirs),
+           "quality": (quality_part, scale, out_dir, budget, args.quality, args.quality_data)}
   for name, (part, *part_args) in parts.items():
     if name in args.parts:
       run_part(report, budget, name, part, *part_args)

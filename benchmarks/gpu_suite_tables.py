@@ -9,7 +9,7 @@ their reasons are listed under the table.
 
 import collections
 
-from benchmarks import cvmm_side_by_side
+from benchmarks import cvmm_side_by_side, quality_small
 
 CVMM_HEADER = [
     "| dtype | d_model | N_E | impl | fwd ms | fwd TFLOP/s | fwd % roofline | fwd x dense "
@@ -204,6 +204,17 @@ def side_by_side_table(part: dict | None) -> str:
   return f"{title}\n\n{reason or cvmm_side_by_side.format_table(part)}"
 
 
+def quality_table(part: dict | None) -> str:
+  """The quality part's runs: bits per byte per corpus and variant over seeds, and each
+  variant's paired difference to dense (`quality_small.format_table`)."""
+  title = "### quality runs (benchmarks/quality_small.py)"
+  reason = not_run(part)
+  if reason:
+    return f"{title}\n\n{reason}"
+  return (f"{title}\n\n`{part['command']}`: {part['runs']} runs finished\n\n"
+          f"{quality_small.format_table(part['summary'])}")
+
+
 def markdown(report: dict) -> str:
   """The whole report as Markdown."""
   cvmm = report.get("cvmm")
@@ -212,4 +223,5 @@ def markdown(report: dict) -> str:
                       training_table(report.get("training")),
                       step_profile_table(report.get("step_profile")),
                       decode_table(report.get("decode")),
-                      side_by_side_table(report.get("side_by_side"))]) + "\n"
+                      side_by_side_table(report.get("side_by_side")),
+                      quality_table(report.get("quality"))]) + "\n"

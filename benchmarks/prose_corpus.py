@@ -60,13 +60,18 @@ def split_of(path: str) -> str:
   return _BUCKET_SPLITS.get(int(digest, 16) % _HASH_BUCKETS, "train")
 
 
+def split_paths(out_dir: str) -> dict[str, str]:
+  """Where `prepare` writes each split's file, by split (whether or not it has)."""
+  return {split: os.path.join(out_dir, CORPUS_ID, f"{split}.txt") for split in SPLITS}
+
+
 def prepare(out_dir: str, pattern: str | None = None) -> dict[str, str]:
   """Writes the three split files into `out_dir/CORPUS_ID` (once; kept if they exist) and
   returns their paths by split. Each writer fills temporary files of its own and renames them
   into place, so runs started side by side on a fresh `out_dir` neither collide nor read a
   partial corpus."""
   folder = os.path.join(out_dir, CORPUS_ID)
-  paths = {split: os.path.join(folder, f"{split}.txt") for split in SPLITS}
+  paths = split_paths(out_dir)
   if all(os.path.exists(p) for p in paths.values()):
     return paths
   pattern = pattern or SOURCE_GLOB

@@ -23,16 +23,23 @@ dense (paired by seed, in percent of dense) with its spread.
 """
 
 import argparse
+import ast
+import concurrent.futures
 import json
+import multiprocessing
 import os
+import re
 import statistics
 import time
 
 from benchmarks import prose_corpus
 from benchmarks.machine import machine_info, write_result
 from configs import quality_medium, quality_small, stall_medium
+from sparse_jax.data.datasets import prepared_builder
 from sparse_jax.models.accounting import model_report
 from sparse_jax.tasks.runs import train_to_completion
+from sparse_jax.tasks.selection import validate_config
+from sparse_jax.training.resume_config import changed_fields
 from sparse_jax.training.metrics_log import (METRICS_FILE, latest_records, logged_seconds,
                                              read_metrics)
 
@@ -57,16 +64,57 @@ CORPORA = ("builtin", "prose")
 # What each corpus's runs record as `corpus_id`; runs recorded on another id are superseded.
 CORPUS_IDS = {"builtin": "builtin", "prose": prose_corpus.CORPUS_ID}
 RESULT_FILE = "result.json"
+# Where a run's data lie: not part of what a recorded run must match (`recorded_config`).
+_DATA_LOCATIONS = re.compile(r"data\.(\w+_(file|dir)|source_root)$")
 
 
-def variant_config(config_name: str, variant: str):
+def variant_config(config_name: str, variant: str, overrides: dict | None = None):
+  """The config of one variant, with `overrides` (`{"model.embed_init": "normal"}`) set."""
   if config_name == "quality_medium":
-    return quality_medium.get_config(variant)
-  if config_name == "stall_medium":
-    return stall_medium.get_config(variant)
-  config = quality_small.get_config()
-  config.model.ff = SMALL_VARIANTS[variant]
+    config = quality_medium.get_config(variant)
+  elif config_name == "stall_medium":
+    config = stall_medium.get_config(variant)
+  else:
+    config = quality_small.get_config()
+    config.model.ff = SMALL_VARIANTS[variant]
+  config.update_from_flattened_dict(overrides or {})
   return config
+
+
+def parse_overrides(pairs: list[str]) -> dict:
+  """`["model.embed_init=normal", "train.lr=5e-4"]` as `{path: value}` (Python literals
+  where they parse, else strings)."""
+  overrides = {}
+  for pair in pairs:
+    path, equals, text = pair.partition("=")
+    if not equals or not path:
+      raise SystemExit(f"--set takes PATH=VALUE (model.embed_init=normal); got {pair!r}")
+    try:
+      overrides[path] = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      overrides[path] = text
+  return overrides
+
+
+def recorded_config(config) -> dict:
+  """The run's config with every default filled in (`validate_config`), as flat
+  `{path: value}` in JSON's types, less where its data lie: what a recorded run must match to
+  be reused, whatever the config file or the library's defaults say by then."""
+  flat = changed_fields({}, validate_config(config).to_dict())
+  return {path: new for path, (_, new) in flat.items() if not _DATA_LOCATIONS.match(path)}
+
+
+def check_same_config(recorded: dict, config: dict, what: str, where: str) -> None:
+  """Refuses a recorded run whose config (`recorded["config_fields"]`) differs from `config`
+  in a field it records: it trained something else."""
+  absent = "<absent>"
+  changed = {path: (value, config.get(path, absent))
+             for path, value in recorded.get("config_fields", {}).items()
+             if config.get(path, absent) != value}
+  if changed:
+    listed = ", ".join(f"{path} {old!r} (now {new!r})" for path, (old, new) in changed.items())
+    raise SystemExit(f"{what} is recorded in {where} with {listed}: name another {where}, "
+                     f"or --set the recorded values")
 
 
 def step_seconds(records: list[dict], tokens_per_step: int) -> float:
@@ -102,34 +150,44 @@ def recorded_runs(out: str, config_name: str) -> dict:
   return {(r["corpus"], r["variant"], r["seed"]): r for r in current}
 
 
-def run_folder(root: str, config_name: str, corpus: str, variant: str, seed: int) -> str:
-  """Where `run` trains a (config, corpus, variant, seed) and leaves its result."""
+def run_folder(root: str, config_name: str, corpus: str, variant: str, seed: int,
+               overrides: dict | None = None) -> str:
+  """Where `run` trains a (config, corpus, variant, seed) and leaves its result; runs with
+  `overrides` (--set) in a folder of their own beside the variant's (`dense+train.lr=0.0005`)."""
+  variant += "".join(f"+{path}={value}" for path, value in sorted((overrides or {}).items()))
   return os.path.join(root, config_name, CORPUS_IDS[corpus], variant, f"seed{seed}")
 
 
 def run(config_name: str, corpus: str, variant: str, seed: int, steps: int | None,
-        root: str, recorded: dict | None = None) -> dict:
+        root: str, recorded: dict | None = None, overrides: dict | None = None) -> dict:
   """One training run, or its result when it has finished before: saved in its run folder
   or recorded in `recorded` (runs by corpus, variant and seed) with the same number of
-  steps."""
-  config = variant_config(config_name, variant)
+  steps and the same config (`check_same_config`)."""
+  config = variant_config(config_name, variant, overrides)
   config.seed = seed
   if steps is not None:
     config.train.update(steps=steps, eval_every=min(config.train.eval_every, steps),
                         ckpt_every=min(config.train.ckpt_every, steps))
+  if corpus == "prose":
+    config.data.update(prose_corpus.data_overrides(prose_corpus.split_paths(root)))
+  trained = recorded_config(config)
+  what = f"{config_name} {corpus} {variant} seed {seed}"
   earlier = (recorded or {}).get((corpus, variant, seed))
   if earlier is not None:
     if earlier["steps"] != config.train.steps:
-      raise SystemExit(f"{config_name} {corpus} {variant} seed {seed} is recorded with "
-                       f"{earlier['steps']} steps, not {config.train.steps}: name another --out")
+      raise SystemExit(f"{what} is recorded with {earlier['steps']} steps, not "
+                       f"{config.train.steps}: name another --out")
+    check_same_config(earlier, trained, what, "--out")
     return earlier
-  workdir = run_folder(root, config_name, corpus, variant, seed)
+  workdir = run_folder(root, config_name, corpus, variant, seed, overrides)
   result_path = os.path.join(workdir, RESULT_FILE)
   if os.path.exists(result_path):
     with open(result_path) as f:
-      return json.load(f)
+      finished = json.load(f)
+    check_same_config(finished, trained, what, "--workdir")
+    return finished
   if corpus == "prose":
-    config.data.update(prose_corpus.data_overrides(prose_corpus.prepare(root)))
+    prose_corpus.prepare(root)
   resumed_from = logged_steps(workdir)
   started = time.perf_counter()
   final = train_to_completion(config, workdir)
@@ -137,7 +195,7 @@ def run(config_name: str, corpus: str, variant: str, seed: int, steps: int | Non
   tokens_per_step = config.data.batch_size * config.data.seq_len
   records = read_metrics(workdir)
   result = {"config": config_name, "corpus": corpus, "corpus_id": CORPUS_IDS[corpus],
-            "variant": variant, "seed": seed,
+            "variant": variant, "seed": seed, "config_fields": trained,
             "steps": config.train.steps, "valid_bits_per_byte": final["bits_per_byte"],
             "copy_ratio": final.get("copy_ratio"),
             "params": report["total_params"],
@@ -148,6 +206,33 @@ def run(config_name: str, corpus: str, variant: str, seed: int, steps: int | Non
   with open(result_path, "w") as f:
     json.dump(result, f, indent=2)
   return result
+
+
+def prepare_corpora(config_name: str, corpora: list[str], root: str,
+                    data_dir: str | None = None) -> None:
+  """Prepares each corpus's dataset once (into TFDS's `data_dir`; None: its default), before
+  runs in parallel processes read it: two processes preparing one TFDS dataset collide."""
+  for corpus in corpora:
+    config = variant_config(config_name, CONFIGS[config_name][0])
+    config.data.data_dir = data_dir
+    if corpus == "prose":
+      config.data.update(prose_corpus.data_overrides(prose_corpus.prepare(root)))
+    prepared_builder(config.data)
+
+
+def in_processes(function, calls: list[tuple], jobs: int):
+  """`(call, function(*call))` for each of `calls` as it finishes: in this process with `jobs`
+  1, else in `jobs` processes at a time (spawned: JAX in a forked child can deadlock). A
+  failed call raises once the calls already running have finished."""
+  if jobs == 1:
+    for call in calls:
+      yield call, function(*call)
+    return
+  context = multiprocessing.get_context("spawn")
+  with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+    futures = {pool.submit(function, *call): call for call in calls}
+    for future in concurrent.futures.as_completed(futures):
+      yield futures[future], future.result()
 
 
 def mean_sd(values: list[float]) -> tuple[float, float | None]:
@@ -204,29 +289,43 @@ def main(argv=None) -> dict:
   parser.add_argument("--seeds", default="0", help="comma-separated seeds")
   parser.add_argument("--corpora", default="builtin", help=f"comma-separated, of {CORPORA}")
   parser.add_argument("--steps", type=int, default=None, help="default: the config's")
+  parser.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
+                      help="a config field every run sets (repeatable), e.g. "
+                           "--set=model.embed_init=normal; recorded with each run")
+  parser.add_argument("--jobs", type=int, default=1, help="runs trained at a time")
   parser.add_argument("--workdir", default="runs/quality",
                       help="where runs go; a finished run found there is not redone")
   parser.add_argument("--out", default=None,
                       help="JSON path (default: benchmarks/<config>.json)")
+  parser.add_argument("--stage_corpora", default=None, metavar="DIR",
+                      help="only prepare --corpora in DIR (TFDS datasets in "
+                           "DIR/tensorflow_datasets), to carry to a machine without them")
   args = parser.parse_args(argv)
   variants = names(args.variants or ",".join(CONFIGS[args.config]), CONFIGS[args.config],
                     "variants")
   corpora = names(args.corpora, CORPORA, "corpora")
   seeds = [int(s) for s in args.seeds.split(",") if s]
+  overrides = parse_overrides(args.set)
+  if args.stage_corpora:
+    prepare_corpora(args.config, corpora, args.stage_corpora,
+                    data_dir=os.path.join(args.stage_corpora, "tensorflow_datasets"))
+    return {"staged": args.stage_corpora}
   out = args.out or f"benchmarks/{args.config}.json"
   runs = recorded_runs(out, args.config)
   machine = machine_info()
   recorded = lambda: {"machine": machine, "args": vars(args),  # noqa: E731
                       "summary": summarise(list(runs.values())), "runs": list(runs.values())}
-  for corpus in corpora:
-    for seed in seeds:
-      for variant in variants:
-        print(f"{args.config} {corpus} {variant} seed {seed}", flush=True)
-        key = (corpus, variant, seed)
-        finished = run(args.config, corpus, variant, seed, args.steps, args.workdir, runs)
-        if runs.get(key) != finished:
-          runs[key] = finished
-          write_result(recorded(), out)
+  calls = [(args.config, corpus, variant, seed, args.steps, args.workdir, runs, overrides)
+           for corpus in corpora for seed in seeds for variant in variants]
+  if args.jobs > 1 and any(call[1:4] not in runs for call in calls):
+    prepare_corpora(args.config, corpora, args.workdir)
+  for call, finished in in_processes(run, calls, args.jobs):
+    key = call[1:4]
+    print(f"{args.config} {' '.join(map(str, key))}: "
+          f"{finished['valid_bits_per_byte']:.4f} bits per byte", flush=True)
+    if runs.get(key) != finished:
+      runs[key] = finished
+      write_result(recorded(), out)
   result = recorded()
   print(format_table(result["summary"]))
   return result

@@ -2,23 +2,22 @@
 
     python -m benchmarks.stall_sweep --models=dense,sigma_moe --changes=baseline,fan_in \
         --seeds=0-5 --jobs=2
+    python -m benchmarks.stall_sweep --models=dense --changes=baseline,fan_in --seeds=2 --corpus=prose
 
 Trains each (model, change, seed) of `configs/stall_medium.py` (`quality_medium`'s first 1000
-steps) on `builtin` through `benchmarks.quality_small.run` (a finished run is read back, an
-interrupted one resumes; runs live in `WORKDIR/stall_medium/builtin/<model>/<change>/seed<N>`),
-`--jobs` runs at a time. A run *stalled* when `CRITERION` holds at one of its evaluations: the
+steps) on `--corpus` (`builtin`, or `prose`) through `benchmarks.quality_small.run` (a
+finished run is read back, an interrupted one resumes; runs live in
+`WORKDIR/stall_medium/<corpus id>/<model>/<change>/seed<N>`), `--jobs` runs at a time. A run *stalled* when `CRITERION` holds at one of its evaluations: the
 training's stall rule (`sparse_jax.tasks.copy_score.StallRule`, the warning users see) with
 `quality_medium`'s warm-up as its start and window whatever the change does to the warm-up, so
 every change is judged alike (copy ratio still >= 0.8 at step 1000, and fell by < 0.1 since step
-500). Prints per (model, change) the stalled seeds, the stall rate, and the validation bits per
+500). Prints per corpus and (model, change) the stalled seeds, the stall rate, and the validation bits per
 byte and copy ratio at the last step (mean +- sd over the seeds), and writes every run with its
 evaluations to `--out`, rewritten as each run finishes.
 """
 
 import argparse
-import concurrent.futures
 import json
-import multiprocessing
 import os
 
 from benchmarks import quality_small
@@ -28,7 +27,6 @@ from sparse_jax.tasks import copy_score
 from sparse_jax.training.metrics_log import latest_records, read_metrics
 
 CONFIG = "stall_medium"
-CORPUS = "builtin"
 CRITERION = copy_score.StallRule(
     ratio=copy_score.STALL_RATIO, drop=copy_score.STALL_DROP,
     window=stall_medium.SCHEDULE_STEPS // 10, start=stall_medium.SCHEDULE_STEPS // 10)
@@ -49,26 +47,12 @@ def stalled_at(evals: list[dict]) -> int | None:
   return detector.fired_at
 
 
-def train_one(variant: str, seed: int, root: str) -> dict:
+def train_one(corpus: str, variant: str, seed: int, root: str) -> dict:
   """One run (`quality_small.run`) with its evaluations and where it stalled."""
-  result = dict(quality_small.run(CONFIG, CORPUS, variant, seed, None, root))
-  result["evaluations"] = evaluations(quality_small.run_folder(root, CONFIG, CORPUS, variant, seed))
+  result = dict(quality_small.run(CONFIG, corpus, variant, seed, None, root))
+  result["evaluations"] = evaluations(quality_small.run_folder(root, CONFIG, corpus, variant, seed))
   result["stalled_at"] = stalled_at(result["evaluations"])
   return result
-
-
-def _train_all(todo: list[tuple[str, int]], root: str, jobs: int):
-  """`((variant, seed), train_one(...))` for each of `todo` as it finishes: in this process
-  with `jobs` 1, else in `jobs` processes at a time."""
-  if jobs == 1:
-    for variant, seed in todo:
-      yield (variant, seed), train_one(variant, seed, root)
-    return
-  context = multiprocessing.get_context("spawn")  # JAX in a forked child can deadlock.
-  with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
-    futures = {pool.submit(train_one, v, s, root): (v, s) for v, s in todo}
-    for future in concurrent.futures.as_completed(futures):
-      yield futures[future], future.result()
 
 
 def _mean_sd(values: list[float]) -> str:
@@ -79,12 +63,13 @@ def _mean_sd(values: list[float]) -> str:
 
 
 def summarise(runs: list[dict]) -> list[dict]:
-  """Per variant (`model/change`): its seeds, the stalled ones, and each run's validation bits
-  per byte and copy ratio at its last step."""
+  """Per corpus and variant (`model/change`): its seeds, the stalled ones, and each run's
+  validation bits per byte and copy ratio at its last step."""
   rows = []
-  for variant in dict.fromkeys(r["variant"] for r in runs):
-    mine = sorted((r for r in runs if r["variant"] == variant), key=lambda r: r["seed"])
-    rows.append({"variant": variant, "seeds": [r["seed"] for r in mine],
+  for corpus, variant in dict.fromkeys((r["corpus"], r["variant"]) for r in runs):
+    mine = sorted((r for r in runs if (r["corpus"], r["variant"]) == (corpus, variant)),
+                  key=lambda r: r["seed"])
+    rows.append({"corpus": corpus, "variant": variant, "seeds": [r["seed"] for r in mine],
                  "stalled_seeds": [r["seed"] for r in mine if r["stalled_at"] is not None],
                  "bpb": [r["valid_bits_per_byte"] for r in mine],
                  "copy_ratio": [r["copy_ratio"] for r in mine]})
@@ -92,12 +77,12 @@ def summarise(runs: list[dict]) -> list[dict]:
 
 
 def format_table(rows: list[dict]) -> str:
-  lines = [f"| model/change | stalled / runs | stalled seeds | bpb at step {stall_medium.STEPS} "
-           "| copy ratio |", "|---|---:|---|---:|---:|"]
+  lines = [f"| corpus | model/change | stalled / runs | stalled seeds | bpb at step "
+           f"{stall_medium.STEPS} | copy ratio |", "|---|---|---:|---|---:|---:|"]
   for r in rows:
-    lines.append(f"| {r['variant']} | {len(r['stalled_seeds'])} / {len(r['seeds'])} | "
-                 f"{','.join(map(str, r['stalled_seeds'])) or '-'} | {_mean_sd(r['bpb'])} | "
-                 f"{_mean_sd(r['copy_ratio'])} |")
+    lines.append(f"| {r['corpus']} | {r['variant']} | {len(r['stalled_seeds'])} / "
+                 f"{len(r['seeds'])} | {','.join(map(str, r['stalled_seeds'])) or '-'} | "
+                 f"{_mean_sd(r['bpb'])} | {_mean_sd(r['copy_ratio'])} |")
   return "\n".join(lines)
 
 
@@ -116,6 +101,7 @@ def main(argv=None) -> dict:
   parser.add_argument("--changes", default="baseline",
                       help=f"comma-separated, of {list(stall_medium.CHANGES)}")
   parser.add_argument("--seeds", default="0-5", help="e.g. 0-5 or 0,3,5")
+  parser.add_argument("--corpus", default="builtin", choices=quality_small.CORPORA)
   parser.add_argument("--jobs", type=int, default=1, help="runs trained at a time")
   parser.add_argument("--workdir", default="runs/quality",
                       help="where runs go; a finished run found there is not redone")
@@ -126,15 +112,19 @@ def main(argv=None) -> dict:
   runs = {}
   if os.path.exists(args.out):
     with open(args.out) as f:
-      runs = {(r["variant"], r["seed"]): r for r in json.load(f)["runs"]}
+      runs = {(r["corpus"], r["variant"], r["seed"]): r for r in json.load(f)["runs"]}
   machine = machine_info()
   recorded = lambda: {"machine": machine, "args": vars(args),  # noqa: E731
                       "summary": summarise(list(runs.values())), "runs": list(runs.values())}
-  todo = [(f"{m}/{c}", s) for m in models for c in changes for s in parse_seeds(args.seeds)
-          if (f"{m}/{c}", s) not in runs]
-  for (variant, seed), result in _train_all(todo, args.workdir, args.jobs):
-    runs[variant, seed] = result
-    print(f"{variant} seed {seed}: stalled at {result['stalled_at']}", flush=True)
+  todo = [(args.corpus, f"{m}/{c}", s) for m in models for c in changes
+          for s in parse_seeds(args.seeds) if (args.corpus, f"{m}/{c}", s) not in runs]
+  if args.jobs > 1 and todo:
+    quality_small.prepare_corpora(CONFIG, [args.corpus], args.workdir)
+  calls = [(*key, args.workdir) for key in todo]
+  for (corpus, variant, seed, _), result in quality_small.in_processes(train_one, calls,
+                                                                        args.jobs):
+    runs[corpus, variant, seed] = result
+    print(f"{corpus} {variant} seed {seed}: stalled at {result['stalled_at']}", flush=True)
     write_result(recorded(), args.out)
   result = recorded()
   print(format_table(result["summary"]))

@@ -9,8 +9,10 @@ same 4000-step schedule, for their first 1000 steps (a quarter of the time), eva
 not (benchmarks/history/2026-11-28_stall.md), so they cannot tell a stall.
 
 The argument is `MODEL/CHANGE`: `MODEL` one of `quality_medium.VARIANTS` ("dense",
-"sigma_moe"), `CHANGE` one of `CHANGES`, each one thing changed against the recipe
-("baseline"). `benchmarks/stall_sweep.py` trains them over seeds and counts the stalls.
+"sigma_moe"), `CHANGE` one of `CHANGES`, each one thing changed against the recipe the
+stalled runs trained ("baseline": `quality_medium` with the N(0, 1) token embedding that was
+the default until the fix, `STUDIED`). `benchmarks/stall_sweep.py` trains them over seeds and
+counts the stalls.
 
     python -m benchmarks.stall_sweep --models=dense,sigma_moe --changes=baseline,fan_in --seeds=0-5
     python train.py --config=configs/stall_medium.py:dense/fan_in --config.seed=1
@@ -33,8 +35,8 @@ def _authors_model() -> dict:
 
 CHANGES = {
     "baseline": {},
-    # The token embedding's scale. N(0, 1) in the recipe; "fan_in" is the same draw scaled by
-    # 1/sqrt(d_model) (N(0, 1/d_model)): nothing else about the run changes.
+    # The token embedding's scale. N(0, 1) in the recipe studied; "fan_in" (the fix, now the
+    # default) is the same draw scaled by 1/sqrt(d_model): nothing else about the run changes.
     "fan_in": {"model.embed_init": "fan_in"},
     "xavier": {"model.embed_init": "xavier"},
     # The optimiser: half the peak, twice the warm-up, no clipping.
@@ -53,6 +55,11 @@ CHANGES = {
 }
 
 
+# The recipe the stalled runs trained, which the changes are made against: `quality_medium`
+# with the token embedding N(0, 1), the library's default until the fix (issue 61).
+STUDIED = {"model.embed_init": "normal"}
+
+
 def get_config(arg: str = "dense/baseline"):
   model, _, change = arg.partition("/")
   if model not in quality_medium.VARIANTS or change not in CHANGES:
@@ -63,5 +70,5 @@ def get_config(arg: str = "dense/baseline"):
                       warmup_steps=SCHEDULE_STEPS // 10, eval_every=250, ckpt_every=250)
   config.eval.update(max_batches=20, copy_rows=16)  # The stall warning as in quality_medium:
   config.eval.copy_stall_window = SCHEDULE_STEPS // 10  # judged over the warm-up's length.
-  config.update_from_flattened_dict(CHANGES[change])
+  config.update_from_flattened_dict({**STUDIED, **CHANGES[change]})
   return config

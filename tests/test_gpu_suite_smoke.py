@@ -30,8 +30,8 @@ def active_flops(cell: dict) -> int:
 
 def check_every_part_is_recorded(out, report):
   assert list(report) == ["meta", "environment", "tests", "cvmm", "training", "step_profile",
-                          "decode", "side_by_side"]
-  assert report["side_by_side"] == {"status": "skipped: --parts"}
+                          "decode", "side_by_side", "quality"]
+  assert report["side_by_side"] == report["quality"] == {"status": "skipped: --parts"}
   assert report["tests"]["status"] == "skipped: smoke"
   assert all(report[part]["status"] == "ok"
              for part in ("environment", "cvmm", "training", "step_profile", "decode"))
@@ -188,6 +188,29 @@ def test_unknown_parts_and_comparisons_are_refused(tmp_path, flag, capsys):
 def test_without_a_gpu_it_asks_for_smoke(tmp_path):
   with pytest.raises(SystemExit, match="no GPU found: run with --smoke"):
     gpu_suite.main(["--out", str(tmp_path)])
+
+
+def test_quality_part_trains_on_the_carried_corpus_in_a_subprocess(tmp_path, monkeypatch):
+  """The quality part runs `benchmarks.quality_small` on corpora staged as for a GPU node
+  (`--stage_corpora`): the runs read the staged TFDS dataset instead of preparing one from
+  this Python, record their config, and land in DIR/quality.json and the Markdown."""
+  from benchmarks import quality_small
+  staged = tmp_path / "carried"
+  quality_small.main([f"--stage_corpora={staged}", "--corpora=builtin"])
+  assert (staged / "tensorflow_datasets" / "builtin").is_dir()
+  home = tmp_path / "home"  # TFDS's default folder would be here: the run must not need it.
+  monkeypatch.setenv("HOME", str(home))
+  out = tmp_path / "out"
+  report = gpu_suite.main(["--smoke", "--out", str(out), "--budget_s", NO_LIMIT_S,
+                           "--parts=quality", f"--quality_data={staged}"])
+  part = report["quality"]
+  assert part["status"] == "ok" and part["returncode"] == 0 and part["runs"] == 1, part
+  [run] = json.loads((out / "quality.json").read_text())["runs"]
+  assert (run["variant"], run["steps"], run["config_fields"]["model.embed_init"]) == (
+      "dense", 2, "fan_in")
+  assert (staged / "quality_small" / "builtin" / "dense" / "seed0" / "result.json").exists()
+  assert not (home / "tensorflow_datasets").exists()  # the staged dataset was read
+  assert "### quality runs" in (out / "gpu_suite.md").read_text()
 
 
 def test_roofline_bound_is_the_slower_of_compute_and_memory():

@@ -134,6 +134,57 @@ def test_runs_on_a_superseded_corpus_version_are_dropped_and_trained_again(
           for r in result["runs"]] == [("builtin", "builtin", 0.7), ("prose", "prose_v2", 1.5)]
 
 
+def _stub_train(calls):
+  def train(config, workdir):
+    calls.append((config.seed, config.model.embed_init))
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+      f.write(json.dumps({"step": 10, "split": "train", "tokens_per_second": 1000.0}) + "\n")
+    return {"bits_per_byte": 2.0}
+  return train
+
+
+def test_runs_record_their_config_and_one_recorded_with_another_is_refused(
+    tmp_path, monkeypatch):
+  """Each run records its config with every default filled in; a run recorded with another
+  value of a field it records (a default changed since, or another --set) is not reused."""
+  calls = []
+  monkeypatch.setattr(quality_small, "train_to_completion", _stub_train(calls))
+  out = tmp_path / "out.json"
+  args = ["--variants=dense", "--steps=10", f"--out={out}"]
+  first = quality_small.main(args + [f"--workdir={tmp_path / 'a'}",
+                                     "--set=model.embed_init=normal", "--set=train.lr=5e-4"])
+  [run] = first["runs"]
+  assert calls == [(0, "normal")]
+  assert (tmp_path / "a" / "quality_small" / "builtin" /
+          "dense+model.embed_init=normal+train.lr=0.0005" / "seed0" / "result.json").exists()
+  assert run["config_fields"]["model.embed_init"] == "normal"
+  assert run["config_fields"]["train.lr"] == 5e-4
+  assert run["config_fields"]["model.layer_norm_eps"] == 1e-6  # a default, filled in
+  assert not any(path.startswith("data.data_dir") for path in run["config_fields"])
+  with pytest.raises(SystemExit, match=r"model.embed_init 'normal' \(now 'fan_in'\).*--out"):
+    quality_small.main(args + [f"--workdir={tmp_path / 'a'}", "--set=train.lr=5e-4"])
+  out.unlink()
+  folder = tmp_path / "a" / "quality_small" / "builtin"  # a result put where another run goes
+  (folder / "dense+model.embed_init=normal+train.lr=0.0005").rename(folder / "dense")
+  with pytest.raises(SystemExit, match=r"model.embed_init 'normal' \(now 'fan_in'\).*--workdir"):
+    quality_small.main(args + [f"--workdir={tmp_path / 'a'}"])
+  (folder / "dense").rename(folder / "dense+model.embed_init=normal+train.lr=0.0005")
+  again = quality_small.main(args + [f"--workdir={tmp_path / 'a'}", "--set=model.embed_init=normal",
+                                     "--set=train.lr=0.0005"])
+  assert again["runs"] == first["runs"] and len(calls) == 1
+  with pytest.raises(SystemExit, match="PATH=VALUE"):
+    quality_small.main(args + ["--set=model.embed_init"])
+
+
+def test_runs_in_processes_yield_every_call_with_its_result():
+  calls = [(2, 3), (3, 2), (5, 1)]
+  assert sorted(quality_small.in_processes(pow, calls, jobs=2)) == [
+      ((2, 3), 8), ((3, 2), 9), ((5, 1), 5)]
+  assert list(quality_small.in_processes(pow, calls, jobs=1)) == [
+      ((2, 3), 8), ((3, 2), 9), ((5, 1), 5)]
+
+
 def test_unknown_variants_and_corpora_are_refused():
   with pytest.raises(SystemExit, match="--corpora must be a comma-separated subset"):
     quality_small.main(["--corpora=wiki"])

@@ -50,10 +50,32 @@ def test_stalls_are_counted_per_model_and_change(tmp_path, monkeypatch):
   assert [e["step"] for e in run["evaluations"]] == [250, 500, 750, 1000]
   table = stall_sweep.format_table(result["summary"])
   bpb = [2.0, 2.1, 2.2, 2.3]
-  assert (f"| dense/fan_in | 2 / 4 | 1,3 | {np.mean(bpb):.3f} +- {np.std(bpb, ddof=1):.3f} |"
-          in table)
+  assert (f"| builtin | dense/fan_in | 2 / 4 | 1,3 | {np.mean(bpb):.3f} +- "
+          f"{np.std(bpb, ddof=1):.3f} |" in table)
   # A second invocation reads every run back from the JSON and trains none.
   assert stall_sweep.main(args)["runs"] == result["runs"] and len(calls) == 8
+
+
+def test_a_prose_sweep_is_kept_apart_from_the_builtin_one(tmp_path, monkeypatch):
+  """The same (variant, seed) on the two corpora: two runs, two folders, two summary rows."""
+  from benchmarks import prose_corpus
+  docs = tmp_path / "doc"
+  docs.mkdir()
+  for i in range(60):
+    (docs / f"f{i}.txt").write_text(f"text {i}\n\n")
+  monkeypatch.setattr(prose_corpus, "SOURCE_GLOB", str(docs / "*.txt"))
+  train, calls = _fake_train(stalled_seeds={1})
+  monkeypatch.setattr(quality_small, "train_to_completion", train)
+  args = ["--models=dense", "--changes=baseline", "--seeds=1", f"--workdir={tmp_path}",
+          f"--out={tmp_path / 'out.json'}"]
+  stall_sweep.main(args)
+  result = stall_sweep.main(args + ["--corpus=prose"])
+  assert len(calls) == 2
+  assert (tmp_path / "stall_medium" / prose_corpus.CORPUS_ID / "dense" / "baseline" /
+          "seed1").is_dir()
+  assert [(r["corpus"], r["variant"], r["stalled_seeds"]) for r in result["summary"]] == [
+      ("builtin", "dense/baseline", [1]), ("prose", "dense/baseline", [1])]
+  assert "| prose | dense/baseline | 1 / 1 | 1 |" in stall_sweep.format_table(result["summary"])
 
 
 def test_the_criterion_is_the_stall_rule_over_quality_mediums_warm_up():
@@ -95,9 +117,14 @@ def test_each_change_changes_only_what_it_names(model):
 
 
 def test_the_probe_trains_quality_mediums_first_quarter_on_its_schedule():
+  """The recipe studied: `quality_medium` as the stalled runs trained it, with the N(0, 1)
+  token embedding that was the default before the fix; the fix is now the default."""
   from configs import quality_medium
+  from sparse_jax.tasks.selection import validate_config
   probe, full = stall_medium.get_config("dense/baseline"), quality_medium.get_config("dense")
   assert (probe.train.steps, probe.train.schedule_steps) == (1000, full.train.steps)
   assert probe.train.warmup_steps == full.train.warmup_steps
-  assert probe.model.to_dict() == full.model.to_dict()
+  probe_model, full_model = (validate_config(c).to_dict()["model"] for c in (probe, full))
+  assert (probe_model.pop("embed_init"), full_model.pop("embed_init")) == ("normal", "fan_in")
+  assert probe_model == full_model
   assert probe.data.to_dict() == full.data.to_dict()

@@ -102,8 +102,11 @@ class LMConfig(ModelConfig):
   moeut_attention_reg: schema.NonNegativeFloat = 0.0  # delta: SwitchHead's V and O routers.
   tie_embeddings: bool = False
   loss_sparsity: schema.NonNegativeInt = 0  # S of the multiplicative output; 0: dense.
-  # The sigma-MoE authors' Transformer-XL sets these four (`configs/paper_training.py`).
-  embed_init: Literal[tuple(EMBED_INITS)] = "normal"
+  # The token embedding's draw: "fan_in" N(0, 1/d_model), MoEUT's, Trax's and Flax's scale
+  # (the sigma-MoE authors' Xavier is as small or smaller). "normal" N(0, 1) was the default
+  # until 2026-11-29: it stalled 3 of 12 `quality_medium` runs (RESULTS.md, issue 61).
+  embed_init: Literal[tuple(EMBED_INITS)] = "fan_in"
+  # The sigma-MoE authors' Transformer-XL sets these three and Xavier (`paper_training`).
   output_dropout: bool = False  # Dropout (model.dropout) before the output layer.
   layer_norm_eps: schema.PositiveFloat = 1e-6
   attn_scale: Literal[ATTN_SCALES] = "fixed"  # "learned": XL attention only.

@@ -43,7 +43,8 @@ FIELDS_ADDED_LATER = {
         "attention_experts": None, "attention_k": None, "attention_impl": "auto",
         "layer_groups": None, "block_norm": "pre", "moeut_ff_reg": 0.0,  # MoEUT's.
         "moeut_attention_reg": 0.0, "rotary_fraction": None,
-        "attention_core": "auto"},  # The causal kinds' attention core (issue 60).
+        "attention_core": "auto",  # The causal kinds' attention core (issue 60).
+        "embed_init": "normal"},  # The only token embedding before the option (issue 61).
 }
 
 

@@ -32,7 +32,10 @@ def test_xavier_embedding_has_the_xavier_uniform_range_and_std():
   bound = np.sqrt(6 / (300 + 24))  # Glorot & Bengio: U(-b, b), b = sqrt(6 / (fan_in + fan_out))
   assert np.abs(table).max() <= bound and np.abs(table).max() > 0.95 * bound
   assert table.std() == pytest.approx(bound / np.sqrt(3), rel=0.05)
-  normal = TransformerLM(model_config(), rngs=nnx.Rngs(0))
+  default = TransformerLM(model_config(), rngs=nnx.Rngs(0))  # "fan_in": N(0, 1 / d_model)
+  assert np.asarray(default.embed.embedding[...]).std() == pytest.approx(1 / np.sqrt(24),
+                                                                          rel=0.05)
+  normal = TransformerLM(model_config(embed_init="normal"), rngs=nnx.Rngs(0))
   assert np.asarray(normal.embed.embedding[...]).std() == pytest.approx(1.0, rel=0.05)
 
 
