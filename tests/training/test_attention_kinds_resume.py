@@ -46,3 +46,19 @@ def test_a_config_saved_before_switchhead_existed_resumes(tiny_config):
     resume_config.check_resumable(saved, current, workdir="w", step=1)
   upgraded = resume_config.with_fields_added_since(saved)
   assert resume_config.check_resumable(upgraded, current, workdir="w", step=1) == {}
+
+
+def test_a_config_saved_before_embed_init_existed_resumes_as_the_n01_embedding(tiny_config):
+  """A saved LM config without `embed_init` trained N(0, 1) embeddings, the only kind then:
+  it resumes as "normal" (refused with today's default, resumable when the run says so)."""
+  current = LanguageModelTask(tiny_config).resolved_config()
+  saved = copy.deepcopy(current)
+  with saved.model.unlocked():
+    del saved.model["embed_init"]
+  upgraded = resume_config.with_fields_added_since(saved)
+  assert upgraded.model.embed_init == "normal" and current.model.embed_init == "fan_in"
+  with pytest.raises(ConfigError, match="model.embed_init: 'normal' in the checkpoint"):
+    resume_config.check_resumable(upgraded, current, workdir="w", step=1)
+  with current.model.unlocked():
+    current.model.embed_init = "normal"
+  assert resume_config.check_resumable(upgraded, current, workdir="w", step=1) == {}
