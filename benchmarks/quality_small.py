@@ -39,7 +39,7 @@ from sparse_jax.data.datasets import prepared_builder
 from sparse_jax.models.accounting import model_report
 from sparse_jax.tasks.runs import train_to_completion
 from sparse_jax.tasks.selection import validate_config
-from sparse_jax.training.resume_config import changed_fields
+from sparse_jax.training.resume_config import flat_config
 from sparse_jax.training.metrics_log import (METRICS_FILE, latest_records, logged_seconds,
                                              read_metrics)
 
@@ -100,8 +100,8 @@ def recorded_config(config) -> dict:
   """The run's config with every default filled in (`validate_config`), as flat
   `{path: value}` in JSON's types, less where its data lie: what a recorded run must match to
   be reused, whatever the config file or the library's defaults say by then."""
-  flat = changed_fields({}, validate_config(config).to_dict())
-  return {path: new for path, (_, new) in flat.items() if not _DATA_LOCATIONS.match(path)}
+  flat = flat_config(validate_config(config).to_dict())
+  return {path: value for path, value in flat.items() if not _DATA_LOCATIONS.match(path)}
 
 
 def check_same_config(recorded: dict, config: dict, what: str, where: str) -> None:
@@ -150,6 +150,13 @@ def recorded_runs(out: str, config_name: str) -> dict:
   return {(r["corpus"], r["variant"], r["seed"]): r for r in current}
 
 
+def read_corpus(config, corpus: str, root: str) -> None:
+  """Points `config.data` at `corpus` (`prose`: the split files `prose_corpus.prepare` writes
+  under `root`, whether or not it has yet)."""
+  if corpus == "prose":
+    config.data.update(prose_corpus.data_overrides(prose_corpus.split_paths(root)))
+
+
 def run_folder(root: str, config_name: str, corpus: str, variant: str, seed: int,
                overrides: dict | None = None) -> str:
   """Where `run` trains a (config, corpus, variant, seed) and leaves its result; runs with
@@ -168,8 +175,7 @@ def run(config_name: str, corpus: str, variant: str, seed: int, steps: int | Non
   if steps is not None:
     config.train.update(steps=steps, eval_every=min(config.train.eval_every, steps),
                         ckpt_every=min(config.train.ckpt_every, steps))
-  if corpus == "prose":
-    config.data.update(prose_corpus.data_overrides(prose_corpus.split_paths(root)))
+  read_corpus(config, corpus, root)
   trained = recorded_config(config)
   what = f"{config_name} {corpus} {variant} seed {seed}"
   earlier = (recorded or {}).get((corpus, variant, seed))
@@ -216,7 +222,8 @@ def prepare_corpora(config_name: str, corpora: list[str], root: str,
     config = variant_config(config_name, CONFIGS[config_name][0])
     config.data.data_dir = data_dir
     if corpus == "prose":
-      config.data.update(prose_corpus.data_overrides(prose_corpus.prepare(root)))
+      prose_corpus.prepare(root)
+    read_corpus(config, corpus, root)
     prepared_builder(config.data)
 
 

@@ -7,13 +7,14 @@
 Trains each (model, change, seed) of `configs/stall_medium.py` (`quality_medium`'s first 1000
 steps) on `--corpus` (`builtin`, or `prose`) through `benchmarks.quality_small.run` (a
 finished run is read back, an interrupted one resumes; runs live in
-`WORKDIR/stall_medium/<corpus id>/<model>/<change>/seed<N>`), `--jobs` runs at a time. A run *stalled* when `CRITERION` holds at one of its evaluations: the
-training's stall rule (`sparse_jax.tasks.copy_score.StallRule`, the warning users see) with
-`quality_medium`'s warm-up as its start and window whatever the change does to the warm-up, so
-every change is judged alike (copy ratio still >= 0.8 at step 1000, and fell by < 0.1 since step
-500). Prints per corpus and (model, change) the stalled seeds, the stall rate, and the validation bits per
-byte and copy ratio at the last step (mean +- sd over the seeds), and writes every run with its
-evaluations to `--out`, rewritten as each run finishes.
+`WORKDIR/stall_medium/<corpus id>/<model>/<change>/seed<N>`), `--jobs` runs at a time. A run
+*stalled* when `CRITERION` holds at one of its evaluations: the training's stall rule
+(`sparse_jax.tasks.copy_score.StallRule`, the warning users see) with `quality_medium`'s
+warm-up as its start and window whatever the change does to the warm-up, so every change is
+judged alike (copy ratio still >= 0.8 at step 1000, and fell by < 0.1 since step 500). Prints
+per corpus and (model, change) the stalled seeds, the stall rate, and the validation bits per
+byte and copy ratio at the last step (mean +- sd over the seeds), and writes every run with
+its evaluations to `--out`, rewritten as each run finishes.
 """
 
 import argparse

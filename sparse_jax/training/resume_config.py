@@ -83,10 +83,15 @@ def is_safe(path: str) -> bool:
   return any(path == safe or path.startswith(safe + ".") for safe in SAFE_TO_CHANGE)
 
 
+def flat_config(config: ml_collections.ConfigDict | dict) -> dict[str, Any]:
+  """`{"model.ff.kind": "sigma_moe", ...}`: every leaf of `config` as a checkpoint stores it."""
+  return _flat(_as_saved(config))
+
+
 def changed_fields(saved: dict | ml_collections.ConfigDict,
                    current: dict | ml_collections.ConfigDict) -> dict[str, tuple[Any, Any]]:
   """`{path: (saved value, current value)}` of every leaf that differs (missing: `<absent>`)."""
-  old, new = _flat(_as_saved(saved)), _flat(_as_saved(current))
+  old, new = flat_config(saved), flat_config(current)
   absent = "<absent>"
   return {path: (old.get(path, absent), new.get(path, absent))
           for path in sorted(old.keys() | new.keys()) if old.get(path, absent) !=
