@@ -27,6 +27,7 @@ from sparse_jax.layers.normalization import layer_norm
 from sparse_jax.layers.precision import COMPUTE_DTYPES, f32_einsum
 from sparse_jax.layers.xl_attention import sinusoid_embedding
 from sparse_jax.models.blocks import DecoderBlock
+from sparse_jax.models.layer_scan import scan_layers
 from sparse_jax.models.lm_config import (EMBED_INITS, XL_KINDS, LMConfig,
                                          validate_model_config)
 from sparse_jax.models.moeut_regularizer import moeut_regularizer
@@ -60,6 +61,7 @@ class TransformerLM(nnx.Module):
     self.mem_len = cfg.mem_len if self.is_xl else 0
     self.dtype = COMPUTE_DTYPES[cfg.dtype]
     self.remat = cfg.remat
+    self.scan = cfg.scan_layers
     self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model,
                            embedding_init=EMBED_INITS[cfg.embed_init],
                            embedding_metadata={"logical_axes": ("vocab", "embed")}, rngs=rngs)
@@ -112,11 +114,11 @@ class TransformerLM(nnx.Module):
     if memory is None:
       memory = self.init_memory(tokens_bt.shape[0])
     h_btd = self._embed(tokens_bt, 0)
-    layer_inputs, reg_loss, aux = [], jnp.zeros((), jnp.float32), {}
-    call = _decode_block if decoding else rematerialized(_call_block, self.remat)
-    for i, block in enumerate(self.layer_blocks):
-      layer_inputs.append(h_btd)
-      h_btd, block_aux = call(block, h_btd, memory.hidden_lbmd[i], memory.valid)
+    call = (_decode_block if decoding
+            else rematerialized(_call_block, self.remat, scanned=self.scan))
+    h_btd, inputs_lbtd, layer_aux = self._layers(call, h_btd, memory)
+    reg_loss, aux = jnp.zeros((), jnp.float32), {}
+    for i, block_aux in enumerate(layer_aux):
       reg_loss = reg_loss + block_aux["reg_loss"].astype(jnp.float32)
       aux.update({f"layer{i}/{key}": value for key, value in block_aux.items()
                   if key != "reg_loss"})
@@ -125,8 +127,21 @@ class TransformerLM(nnx.Module):
                                               ff_coef=self.moeut_ff_reg,
                                               attention_coef=self.moeut_attention_reg)
     aux["reg_loss"] = reg_loss
-    new_memory = memory.append(jnp.stack(layer_inputs))
+    new_memory = memory.append(inputs_lbtd)
     return self.output_dropout(self.final_norm(h_btd)), new_memory, aux
+
+  def _layers(self, call, h_btd, memory: XLMemory):
+    """`(h_btd, inputs_lbtd, layer_aux)` after every layer, unrolled or under one scan
+    (`model.scan_layers`, `models.layer_scan`)."""
+    if self.scan:
+      return scan_layers(list(self.blocks), self.n_layers, call, h_btd, memory.hidden_lbmd,
+                         memory.valid)
+    inputs, layer_aux = [], []
+    for i, block in enumerate(self.layer_blocks):
+      inputs.append(h_btd)
+      h_btd, block_aux = call(block, h_btd, memory.hidden_lbmd[i], memory.valid)
+      layer_aux.append(block_aux)
+    return h_btd, jnp.stack(inputs), layer_aux
 
   def logits(self, h_btd: jax.Array) -> jax.Array:
     """Float32 logits from compute-dtype matmuls (`layers.precision`; the multiplicative

@@ -100,6 +100,9 @@ class LMConfig(ModelConfig):
   block_norm: Literal[BLOCK_NORMS] = "pre"
   moeut_ff_reg: schema.NonNegativeFloat = 0.0  # gamma: the sigma-MoE FF routers.
   moeut_attention_reg: schema.NonNegativeFloat = 0.0  # delta: SwitchHead's V and O routers.
+  # The layers under one `jax.lax.scan` (`models.layer_scan`): XLA compiles one layer, not
+  # `n_layers`; the same parameters, checkpoints and results as unrolled.
+  scan_layers: bool = False
   tie_embeddings: bool = False
   loss_sparsity: schema.NonNegativeInt = 0  # S of the multiplicative output; 0: dense.
   # The token embedding's draw: "fan_in" N(0, 1/d_model), MoEUT's, Trax's and Flax's scale

@@ -4,10 +4,10 @@ A checkpoint holds the config it was trained with. Re-running `train.py` on the 
 with an edited config resumes only if the edit leaves the model, its data and its optimiser
 state meaning what they meant: the fields in `SAFE_TO_CHANGE` (how long to train, the
 learning-rate schedule, logging, profiling, checkpoint and evaluation cadence, evaluation
-settings, the device mesh, gradient accumulation, rematerialisation, and where data lives)
-may change; any other difference (shapes, kinds, compute dtype,
-vocabulary, dataset, batch size, seed, optimiser kind, backbone, fine-tuning method) is refused
-with every differing field named, before anything is restored.
+settings, the device mesh, gradient accumulation, rematerialisation, scanned layers, and where
+data lives) may change; any other difference (shapes, kinds, compute dtype, vocabulary,
+dataset, batch size, seed, optimiser kind, backbone, fine-tuning method) is refused with every
+differing field named, before anything is restored.
 
 A saved config lacks the fields added after it was saved; `with_fields_added_since` gives them
 the values that rebuild what it trained, which later defaults need not be.
@@ -26,7 +26,7 @@ SAFE_TO_CHANGE = (
     "train.grad_clip",
     "train.weight_decay", "train.end_lr_fraction",
     "train.log_every", "train.eval_every", "train.ckpt_every", "train.keep_checkpoints",
-    "train.profile_steps", "train.grad_accum_steps", "model.remat",
+    "train.profile_steps", "train.grad_accum_steps", "model.remat", "model.scan_layers",
     "eval", "mesh",
     "data.data_dir", "data.manual_dir", "data.download", "task.data_dir",
 )

@@ -48,6 +48,26 @@ def test_resume_after_sigterm_is_exact(tiny_config, tmp_path, monkeypatch, accum
                saved_params(straight, tiny_config))
 
 
+def test_an_unrolled_run_resumes_with_its_layers_scanned(tiny_config, tmp_path, monkeypatch):
+  """`model.scan_layers` changes the program, not the parameters or their checkpoint: a run
+  stopped unrolled goes on scanned, and trains as the unrolled run does (to float32 rounding:
+  another program)."""
+  straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+  train_and_evaluate(tiny_config, straight)
+  with monkeypatch.context() as m:
+    patch_step(m, sigterm_at(2))
+    train_and_evaluate(tiny_config, resumed)
+  tiny_config.model.scan_layers = True
+  train_and_evaluate(tiny_config, resumed)
+
+  expected, got = train_losses(straight), train_losses(resumed)
+  assert sorted(got) == sorted(expected) == list(range(1, 7))
+  np.testing.assert_allclose([got[s] for s in range(1, 7)], [expected[s] for s in range(1, 7)],
+                             rtol=1e-5)
+  jax.tree.map(lambda g, e: np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-6),
+               saved_params(resumed, tiny_config), saved_params(straight, tiny_config))
+
+
 class FakeClock:
   """Seconds that pass only when the test advances them (in place of `loop.clock`)."""
 
