@@ -1,7 +1,7 @@
 """Every GPU measurement in one command, meant to fit in 8 minutes on an H100 (GPU time is scarce).
 
     python -m benchmarks.gpu_suite --out DIR [--budget_s 420] [--blocked] [--parts=tests,training]
-        [--tests=PATH,...] [--training=sigma_moe,xla_attention,switchhead,moeut]
+        [--tests=PATH,...] [--training=sigma_moe,xla_attention,switchhead,moeut,scan_layers]
         [--parts=quality --quality_data=DIR [--quality="ARGS"]]
     python -m benchmarks.gpu_suite --smoke --out DIR     # tiny shapes on CPU: checks the suite
 
@@ -20,7 +20,8 @@ and the suite goes on:
   4. training: one training step of each model of `TRAINING`'s comparisons (or --training):
      configs/sigma_moe_paper.py:wt103_s and its dense baseline (the fused XL attention, the
      default on one GPU), the same two with the XLA attention (`model.attention_impl=xla`),
-     the SwitchHead paper's WT-103 S trio, MoEUT 44M and its dense baseline; bfloat16
+     the SwitchHead paper's WT-103 S trio, MoEUT 44M and its dense baseline, and dense,
+     sigma-MoE and MoEUT with their layers scanned (`model.scan_layers`); bfloat16
      compute, f32 parameters, on random tokens (no dataset is prepared): ms/step, tokens/s,
      against the comparison's baseline, MFU, compile seconds, peak memory.
   5. step_profile: where the training step's device time goes (`benchmarks.step_profile`) for
@@ -448,6 +449,7 @@ def cvmm_part(scale: Scale, budget: Budget, impls: list[str], save) -> dict:
 # (row name, config file module, its spec or None). The sigma-MoE paper's WT-103 S pair, the
 # SwitchHead paper's WT-103 S trio, MoEUT's 44M pair.
 XLA_ATTENTION = {"attention_impl": "xla"}  # model fields a row sets over its config's
+SCANNED = {"scan_layers": True}
 TRAINING = {
     "sigma_moe": (("dense wt103_s", wt103_s_dense, None),
                   ("sigma_moe wt103_s", sigma_moe_paper, "wt103_s")),
@@ -461,6 +463,12 @@ TRAINING = {
                    ("dense 2 heads wt103_s", switchhead_paper, "wt103_s,dense_few")),
     "moeut": (("dense 44m", moeut_paper, "44m,dense"),
               ("moeut 44m", moeut_paper, "44m,moeut")),
+    # The layers under one scan (`model.scan_layers`): compile seconds and step time against
+    # the unrolled dense model (issue 60).
+    "scan_layers": (("dense wt103_s unrolled", wt103_s_dense, None),
+                    ("dense wt103_s scanned", wt103_s_dense, None, SCANNED),
+                    ("sigma_moe wt103_s scanned", sigma_moe_paper, "wt103_s", SCANNED),
+                    ("moeut 44m scanned", moeut_paper, "44m,moeut", SCANNED)),
 }
 
 
@@ -549,7 +557,8 @@ def training_part(scale: Scale, budget: Budget, comparisons: list[str],
     row = {"comparison": comparison, "model": name, "batch_size": config.data.batch_size,
            "seq_len": config.data.seq_len, "dtype": config.model.dtype,
            "ff": config.model.ff.to_dict(), "attention": config.model.get("attention", "xl"),
-           "attention_impl": config.model.get("attention_impl", "auto"), "status": "ok"}
+           "attention_impl": config.model.get("attention_impl", "auto"),
+           "scan_layers": config.model.get("scan_layers", False), "status": "ok"}
     rows.append(row)
     if key in timed:
       row.update({k: v for k, v in timed[key].items() if k not in row}, status="ok",

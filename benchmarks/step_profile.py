@@ -64,7 +64,7 @@ from ml_collections import config_flags
 from benchmarks import machine, roofline
 from benchmarks.lm_train_step import LMTrainStep
 from sparse_jax import parallel
-from sparse_jax.aot import targets
+from sparse_jax.aot import memory, targets
 from sparse_jax.config_overrides import switch_kinds
 from sparse_jax.tasks import task_for
 from sparse_jax.training import compile_only
@@ -752,12 +752,10 @@ def model_name(config_path: str) -> str:
   return re.sub(r"[^\w]+", "_", name).strip("_")
 
 
-def compile_step_text(task, target=None) -> tuple[str, dict]:
-  """The optimised HLO text of `task`'s training step as `train.py` builds it, compiled for
-  `target` (`aot.targets.Target`; JAX must be on the CPU backend) or, with None, for one
-  of this machine's devices; and the XLA options it needed."""
-
-
+def compile_step(task, target=None) -> tuple[jax.stages.Compiled, dict]:
+  """`task`'s training step as `train.py` builds it, compiled for `target`
+  (`aot.targets.Target`; JAX must be on the CPU backend) or, with None, for one of this
+  machine's devices; and the XLA options it needed."""
   if target is None:  # one device, as the device mode runs
     mesh = parallel.make_mesh(parallel.mesh_shape(task.typed.mesh, 1))
   else:
@@ -768,9 +766,8 @@ def compile_step_text(task, target=None) -> tuple[str, dict]:
   with jax.set_mesh(mesh):
     traced = compile_only.trace_train_step(task, placement)[0]
     if target is None:
-      return traced.lower().compile().as_text(), {}
-    compiled, options = compile_only.compile_for(compile_only.lower_for(traced, target), target)
-  return compiled.as_text(), options
+      return traced.lower().compile(), {}
+    return compile_only.compile_for(compile_only.lower_for(traced, target), target)
 
 
 # The report.
@@ -802,6 +799,10 @@ def markdown(report: dict) -> str:
                    f"{_fmt(c['bytes'] / 1e9)} | {_fmt(c['floor_ms'])} | {c['share']:.1%} |")
     lines.append(f"| **total** | {total['launches']:,} | {_fmt(total['flops'] / 1e9, 1)} | "
                  f"{_fmt(total['bytes'] / 1e9)} | {_fmt(total['floor_ms'])} | 100% |")
+    lines += ["", f"Traced and compiled in {report['compile_s']:.1f} s on this machine."]
+    if report.get("memory"):
+      lines[-1] += (f" Memory per device: {report['memory']['total_bytes'] / 2**30:.2f} GiB "
+                    f"({report['memory']['temporary_bytes'] / 2**30:.2f} GiB temporaries).")
     if report.get("xla_options"):
       lines += ["", f"Compiled with XLA options {report['xla_options']} (the GEMMs go to cuBLAS: "
                     "`sparse_jax/training/xla_fallbacks.py`)."]
@@ -869,6 +870,9 @@ def _flags(argv: list[str]):
   flags.DEFINE_integer("steps", 5, "Timed steps, then as many traced ones.", flag_values=values)
   flags.DEFINE_integer("warmup", 2, "Steps before timing.", flag_values=values)
   flags.DEFINE_string("out", None, "Folder for the JSON and Markdown.", flag_values=values)
+  flags.DEFINE_string("name", None, "The model's name in the report and its file names "
+                      "(default: from --config; give one to a config with overrides).",
+                      flag_values=values)
   flags.DEFINE_string("save_hlo", None, "--deviceless: also write the compiled program's HLO "
                       "text here.", flag_values=values)
   flags.DEFINE_string("load_hlo", None, "--deviceless: read the program from this HLO text "
@@ -887,24 +891,29 @@ def main(argv: list[str] | None = None) -> dict:
   config = values.config
   switch_kinds(config, config_flags.get_override_values(values["config"]))
   config_path = values["config"].config_filename
-  meta = {"model": model_name(config_path), "config": config_path,
+  meta = {"model": values.name or model_name(config_path), "config": config_path,
           "dtype": config.model.get("dtype", "float32"),
           "batch_size": config.data.batch_size, "seq_len": config.data.seq_len,
           "command": " ".join(["python -m benchmarks.step_profile", *argv[1:]]),
           "machine": machine.machine_info()}
   if target is not None:
     started = time.perf_counter()
+    step_memory = None
     if values.load_hlo:
       text, options = pathlib.Path(values.load_hlo).read_text(), {"loaded_from": values.load_hlo}
     else:
-      text, options = compile_step_text(task_for(config), target)
+      compiled, options = compile_step(task_for(config), target)
+      text, step_memory = compiled.as_text(), memory.MemoryUse.of(compiled)
     if values.save_hlo:
       pathlib.Path(values.save_hlo).write_text(text)
     peaks = roofline.device_peaks(target.description)
     if peaks is None:
       sys.exit(f"step_profile: no peaks for {target.description} in benchmarks/roofline.py")
     report = {**meta, "target": target.name, "xla_options": options,
-              "compile_s": time.perf_counter() - started, **deviceless_report(text, peaks)}
+              "compile_s": time.perf_counter() - started,
+              "memory": step_memory and {"temporary_bytes": step_memory.temporary,
+                                         "total_bytes": step_memory.total},
+              **deviceless_report(text, peaks)}
   else:
     if values.load_hlo or values.save_hlo:
       sys.exit("step_profile: --load_hlo and --save_hlo go with --deviceless")

@@ -326,13 +326,33 @@ def tiny_moe_lm():
 def test_deviceless_breakdown_of_a_compiled_step_sums_consistently():
   """The tiny model's training step compiled for this CPU, read as the H100 breakdown reads
   its program (against the H100's peaks)."""
-  text, _ = step_profile.compile_step_text(task_for(tiny_moe_lm()))
+  text = step_profile.compile_step(task_for(tiny_moe_lm()))[0].as_text()
   report = step_profile.deviceless_report(text, H100)
   check_deviceless_sums(report, step_profile.parse_hlo(text))
   floor = {c["category"]: c["floor_ms"] for c in report["categories"]}
   for category in ("matmuls", "attention", "moe", "optimizer", "norms_elementwise"):
     assert floor[category] > 0, category
   assert report["total"]["flops"] > 0
+
+
+def test_deviceless_breakdown_counts_scanned_layers_by_their_trip_count():
+  """With `model.scan_layers` each layer's operations sit once in a while loop's body: counted
+  times its trip count, the scanned step has the unrolled step's matmul FLOPs (the
+  rematerialisation policy under a scan recomputes no matmul) in a shorter program. The
+  experts run `ragged`: the CPU's default, `blocked`, loops over blocks in its forward, and
+  JAX recomputes a loop in the backward pass under any rematerialisation (models.remat)."""
+  def report(scan: bool, n_layers: int):
+    config = tiny_moe_lm()
+    config.model.update(scan_layers=scan, n_layers=n_layers)
+    config.model.ff.impl = "ragged"
+    text = step_profile.compile_step(task_for(config))[0].as_text()
+    return step_profile.deviceless_report(text, H100), text
+
+  unrolled, unrolled_text = report(False, 4)
+  scanned, scanned_text = report(True, 4)
+  assert scanned["total"]["flops"] == pytest.approx(unrolled["total"]["flops"], rel=1e-6)
+  assert not scanned.get("unknown_trip_counts")
+  assert len(scanned_text) < len(unrolled_text)
 
 
 def test_device_breakdown_on_this_cpu_writes_its_tables(tmp_path):
