@@ -10,7 +10,8 @@ blocks can fill (CUDA Occupancy Calculator's rule, allocation granularities incl
 Mosaic GPU kernels are compiled by the CUDA plugin itself, not by XLA's pipeline: their PTX
 (ISA 9.0, beyond the CUDA 12 ptxas) is not in XLA's dumps. Under `mosaic_dump(DIR)` the plugin
 writes, per kernel, its PTX, its own ptxas report and its MLIR passes (whose `gpu.launch`
-gives the grid, threads and dynamic shared memory); `mosaic_kernel_resources` reads them.
+gives the grid, threads and dynamic shared memory); `mosaic_kernel_resources` reads them, and
+from the PTX the SM it targets and its wgmma and TMA instructions (`ptx_instructions`).
 The plugin compiles a kernel once per process: a kernel compiled before is not dumped again.
 """
 
@@ -50,10 +51,29 @@ class KernelResources:
   spill_stores: int  # Bytes per thread.
   spill_loads: int
   occupancy: float  # Resident threads / the SM's thread slots, 0..1.
+  # Mosaic GPU kernels: the PTX target and how many of Hopper's instructions the PTX holds
+  # (`ptx_instructions`); None for Triton's (a PTX file of XLA's holds many kernels).
+  ptx: dict | None = None
 
   @property
   def spills(self) -> bool:
     return self.spill_stores > 0 or self.spill_loads > 0
+
+
+# Hopper's asynchronous warpgroup matmul and its tensor-memory-accelerator (TMA) bulk copies.
+HOPPER_INSTRUCTIONS = {"wgmma": "wgmma.mma_async", "tma": "cp.async.bulk.tensor"}
+_PTX_TARGET = re.compile(r"^\.target\s+(\S+)", re.MULTILINE)
+
+
+def ptx_instructions(ptx_text: str) -> dict:
+  """`{"target": the .target line's SM, name: count}` for each of `HOPPER_INSTRUCTIONS`: its
+  mnemonic where an instruction starts (a line's start, after a predicate such as `@%p24`, or
+  after `;` or `{` in the inline-assembly blocks Mosaic writes)."""
+  target = _PTX_TARGET.search(ptx_text)
+  counts = {name: len(re.findall(r"(?:^|[;{}]|@!?%\w+)\s*" + re.escape(mnemonic) + r"\.",
+                                 ptx_text, re.MULTILINE))
+            for name, mnemonic in HOPPER_INSTRUCTIONS.items()}
+  return {"target": target and target[1], **counts}
 
 
 def ptxas_path() -> str | None:
@@ -169,10 +189,12 @@ def mosaic_kernel_resources(dump_dir: str, target: targets.Target) -> list[Kerne
     with open(report_path, encoding="utf-8") as f:
       (report,) = _ptxas_report(f.read()).values()
     launch = _mosaic_launch(stem + ".mlir-passes.log")
+    with open(stem + ".ptx", encoding="utf-8") as f:
+      ptx = ptx_instructions(f.read())
     found.append(KernelResources(
         name=f"mosaic_{len(found)}", **launch, **report,
         occupancy=occupancy(target.spec, launch["threads"], report["registers"],
-                            launch["shared_bytes"])))
+                            launch["shared_bytes"]), ptx=ptx))
   return found
 
 

@@ -110,8 +110,9 @@ def test_triton_kernels_do_not_spill(target_name, tmp_path):
 
 @needs_gpu
 def test_mosaic_kernels_do_not_spill(tmp_path):
-  """The plugin compiles each Mosaic kernel once per process: a d_model no other test uses
-  makes sure these are compiled (and dumped) here."""
+  """...and are Hopper kernels: compiled for sm_90a, their matmuls wgmma and their loads TMA
+  (issue 59). The plugin compiles each Mosaic kernel once per process: a d_model no other
+  test uses makes sure these are compiled (and dumped) here."""
   target = targets.parse_target("h100")
   with kernel_resources.mosaic_dump(str(tmp_path)):
     _compile_moe("h100", "expert_mlp", "mosaic", jnp.bfloat16, d_model=384)
@@ -122,6 +123,22 @@ def test_mosaic_kernels_do_not_spill(tmp_path):
     assert 0 < kernel.registers <= 255 and kernel.threads % 128 == 0, kernel
     assert 0 < kernel.shared_bytes <= target.spec["shared_memory_per_block_optin"], kernel
     assert kernel.occupancy > 0, kernel
+    assert kernel.ptx["target"] == "sm_90a", kernel
+    assert kernel.ptx["wgmma"] > 0 and kernel.ptx["tma"] > 0, kernel
+
+
+def test_ptx_instructions_counts_where_instructions_start():
+  """Mosaic's PTX forms: plain, predicated, and inside inline-assembly braces; not comments or
+  other instructions that contain the words."""
+  ptx = "\n".join([
+      ".version 8.0", ".target sm_90a",
+      "\twgmma.fence.sync.aligned;",
+      "\t{ .reg .pred p; setp.ne.b32 p, 1, 0; wgmma.mma_async.sync.aligned.m64n128k16 {%r1}; }",
+      "\twgmma.mma_async.sync.aligned.m64n64k16 {%r2};",
+      "\t@%p24 cp.async.bulk.tensor.4d.shared::cluster.global [%r3], [%rd1];",
+      "\t@!%p2 cp.async.bulk.tensor.2d.global.shared::cta [%rd2], [%r4];",
+      "\t// wgmma.mma_async in a comment", "\tmma.sync.aligned.m16n8k16.row.col {%r5};"])
+  assert kernel_resources.ptx_instructions(ptx) == {"target": "sm_90a", "wgmma": 2, "tma": 2}
 
 
 def test_occupancy_follows_the_calculators_rule():
