@@ -22,16 +22,18 @@ P = q_v @ r^T [B, H, T, K] are one XLA matmul per layer in the compute dtype (on
 the kernels read each tile's position scores from P through the skewed index
 (`P[i, j + T - 1 - i]`, a Triton load with an integer array on both axes; P laid out
 [H, B, T, K], as the batched GEMM writes it), so the float32
-[B, H, T, K] scores, the shift, the mask and the softmax never touch memory. The backward
-kernel writes dP (the score gradient at the same skewed places, zeros where no key is) once,
+[B, H, T, K] scores, the shift, the mask and the softmax never touch memory. P is not kept
+for the backward pass: it is recomputed there from q_v and r (one more small GEMM, where
+keeping it cost 168 MB a layer of memory, and under `model.scan_layers` copies into and out of
+the stacked residuals). The backward kernel writes dP (the score gradient at the same skewed places, zeros where no key is) once,
 and XLA forms dq_v = dP @ r and dr = dP^T q_v from it. In float32 this is the current math
 exactly (tested); in bfloat16 the position scores are rounded to bf16 before being added to
 the f32 content scores (the XLA path adds them in f32).
 
 Memory traffic at the WT-103 S layer (B 64, H 10, T 256, K 512, bf16; B H T K = 84 M
-elements, 168 MB in bf16): forward P written and read once (0.34 GB); backward P read by the
-dk/dv and the dq kernels, dP written once and read by its two matmuls (0.84 GB): about
-1.2 GB per layer, 19 GB for the 16 layers, against the 116 GB the XLA path's attention moves
+elements, 168 MB in bf16): forward P written and read once (0.34 GB); backward P written
+again, read by the dk/dv and the dq kernels, dP written once and read by its two matmuls
+(1.0 GB): about 1.4 GB per layer, 22 GB for the 16 layers, against the 116 GB the XLA path's attention moves
 per step (benchmarks/step_profile), plus the q/k/v tile reads (k and v once per query block).
 
 Kernels (Pallas Triton; interpret mode off GPU), on 2-D views of the inputs (free
@@ -361,24 +363,30 @@ def _call(kernel, name, dims: _Dims, grid, out_shape, interpret, *args):
       interpret=interpret, name=name)(*args)
 
 
+def _position_scores(q_v, r, dtype):
+  """The unshifted position scores `[H B T, K]` (`_position_row0`), the GEMM's output in the
+  compute dtype (it accumulates in f32 and rounds once). The backward pass recomputes them
+  from q_v and r rather than keeping them: one small GEMM against `[H, B T, K]` stored per
+  layer (168 MB a layer of WT-103 S at batch 64)."""
+  b, t, h, _ = q_v.shape
+  position = jnp.einsum("hnc,hkc->hnk", _heads_first(q_v), jnp.swapaxes(r, 0, 1).astype(dtype),
+                        preferred_element_type=dtype, precision=dot_precision(q_v.dtype))
+  return position.reshape(h * b * t, r.shape[0])
+
+
 def _forward(q_u, q_v, k, v, r, scale, mem_valid, interpret):
   b, t, h, d = q_u.shape
   kk = k.shape[1]
   dims = _Dims(b, t, kk, h, d, xl_blocks(t, kk, d, q_u.dtype))
   scale_1, mem_valid_1 = _scalars(scale, mem_valid, kk - t)
-  # The unshifted position scores [H, B T, K] (`_position_row0`), the GEMM's output in the
-  # compute dtype (it accumulates in f32 and rounds once).
-  position = jnp.einsum("hnc,hkc->hnk", _heads_first(q_v),
-                        jnp.swapaxes(r, 0, 1).astype(q_v.dtype),
-                        preferred_element_type=q_u.dtype, precision=dot_precision(q_v.dtype))
-  position = position.reshape(h * b * t, kk)
+  position = _position_scores(q_v, r, q_u.dtype)
   out, lse = _call(
       _forward_kernel, "xl_attention_forward", dims, (pl.cdiv(t, dims.blocks.q), b * h),
       (jax.ShapeDtypeStruct((b * t, h * d), q_u.dtype),
        jax.ShapeDtypeStruct((b * h * t,), jnp.float32)), interpret,
       scale_1, mem_valid_1, q_u.reshape(b * t, h * d), k.reshape(b * kk, h * d),
       v.reshape(b * kk, h * d), position)
-  return out.reshape(b, t, h, d), (position, lse, out)
+  return out.reshape(b, t, h, d), (lse, out)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
@@ -387,12 +395,13 @@ def _xl_attention(q_u, q_v, k, v, r, scale, mem_valid, interpret):
 
 
 def _xl_attention_fwd(q_u, q_v, k, v, r, scale, mem_valid, interpret):
-  out, (position, lse, out2) = _forward(q_u, q_v, k, v, r, scale, mem_valid, interpret)
-  return out, (q_u, q_v, k, v, r, scale, mem_valid, position, lse, out2)
+  out, (lse, out2) = _forward(q_u, q_v, k, v, r, scale, mem_valid, interpret)
+  return out, (q_u, q_v, k, v, r, scale, mem_valid, lse, out2)
 
 
 def _xl_attention_bwd(interpret, residuals, dout):
-  q_u, q_v, k, v, r, scale, mem_valid, position, lse, out = residuals
+  q_u, q_v, k, v, r, scale, mem_valid, lse, out = residuals
+  position = _position_scores(q_v, r, q_u.dtype)
   b, t, h, d = q_u.shape
   kk = k.shape[1]
   dims = _Dims(b, t, kk, h, d, xl_blocks(t, kk, d, q_u.dtype, "dkdv"), interpret)

@@ -13,8 +13,9 @@ Under `model.scan_layers` (`models.layer_scan`), `none` recomputes elementwise a
 results in the backward pass (`recompute_elementwise`). XLA does this by itself inside an
 unrolled program, fusing a cheap producer into each consumer, but a value the backward pass
 reads across a scan's loop boundary is stored, stacked over the layers: without the policy
-the scanned dense WT-103 S step kept each layer's float32 LayerNorm intermediates (13.03 GiB
-compiled for an H100, 8.47 with it, 10.46 unrolled; RESULTS.md). Under any policy JAX
+the scanned dense WT-103 S step kept each layer's float32 LayerNorm intermediates (compiled
+for an H100: 13.03 GiB against 8.47 with it and 10.46 unrolled, measured before the fused XL
+attention recomputed its position scores). Under any policy JAX
 recomputes a loop inside a block (the `blocked` expert matmuls) in the backward pass.
 
 Gradients are those of `none` (the same computation, done twice).
