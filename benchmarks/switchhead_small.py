@@ -11,7 +11,9 @@ per seed on `builtin`. Each run lives in
 `WORKDIR/<comparison>/<variant>/seed<N>` and leaves its result there as `result.json`: a
 finished run is read back, not redone, and an interrupted one (SIGTERM: `RunInterrupted`)
 resumes from its checkpoint when the command is run again (its `wall_s` then covers the last
-invocation, which started after `resumed_after_step`). Prints one Markdown table: per variant
+invocation, which started after `resumed_after_step`); a finished run recorded with another
+config (any field, every default filled in: `config_fields`; results written before they
+recorded it are read back as they are) is refused by name. Prints one Markdown table: per variant
 the validation bits per byte (the run's final evaluation) as mean +- sd over the seeds, the
 paired difference to its comparison's baseline (its first variant, in % of it), parameters,
 one attention layer's parameters, MACs and activation memory as the SwitchHead paper counts
@@ -34,7 +36,8 @@ import numpy as np
 
 from benchmarks.lm_train_step import LMTrainStep, abba_step_times
 from benchmarks.machine import machine_info, write_result
-from benchmarks.quality_small import mean_sd, logged_steps, step_seconds
+from benchmarks.quality_small import (check_same_config, logged_steps, mean_sd,
+                                      recorded_config, step_seconds)
 from configs import moeut_small, switchhead_small
 from sparse_jax import parallel
 from sparse_jax.models.accounting import attention_report, model_report
@@ -74,19 +77,23 @@ def shape(config) -> dict:
 
 
 def run(variant: str, seed: int, steps: int | None, root: str) -> dict:
-  """One training run, or its saved result when it has finished before."""
+  """One training run, or its saved result when it has finished before with the same config
+(`quality_small.check_same_config`)."""
   comparison = comparison_of(variant)
   workdir = os.path.join(root, comparison, variant, f"seed{seed}")
   result_path = os.path.join(workdir, RESULT_FILE)
-  if os.path.exists(result_path):
-    with open(result_path) as f:
-      return json.load(f)
   config = variant_config(variant)
   config.seed = seed
   if steps is not None:
     config.train.update(steps=steps, eval_every=min(config.train.eval_every, steps),
                         ckpt_every=min(config.train.ckpt_every, steps),
                         log_every=min(config.train.log_every, steps))
+  trained = recorded_config(config)
+  if os.path.exists(result_path):
+    with open(result_path) as f:
+      finished = json.load(f)
+    check_same_config(finished, trained, f"{variant} seed {seed}", "--workdir")
+    return finished
   resumed_from = logged_steps(workdir)
   started = time.perf_counter()
   final = train_to_completion(config, workdir)
@@ -98,7 +105,7 @@ def run(variant: str, seed: int, steps: int | None, root: str) -> dict:
             "params": model_report(config.model)["total_params"], **attention,
             "step_ms": 1000 * step_seconds(read_metrics(workdir), config.data.batch_size
                                            * config.data.seq_len),
-            "wall_s": wall_s, "resumed_after_step": resumed_from}
+            "wall_s": wall_s, "resumed_after_step": resumed_from, "config_fields": trained}
   with open(result_path, "w") as f:
     json.dump(result, f, indent=2)
   return result

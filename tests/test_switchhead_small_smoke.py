@@ -88,5 +88,14 @@ def test_benchmark_trains_each_variant_once_and_reports_them(stdlib_slice, tmp_p
   again = switchhead_small.main([*args, "--step_rounds=0"])
   assert again["runs"] == first["runs"]
   assert {r["step"] for r in again["summary"]} == {None}
+  # A finished run recorded with another config is refused, not reused.
+  result = tmp_path / "runs" / "switchhead" / "dense" / "seed0" / switchhead_small.RESULT_FILE
+  recorded = json.loads(result.read_text())
+  assert recorded["config_fields"]["model.embed_init"] == "xavier"  # the authors' recipe
+  recorded["config_fields"]["model.embed_init"] = "normal"
+  result.write_text(json.dumps(recorded))
+  with pytest.raises(SystemExit, match="dense seed 0 is recorded in --workdir with "
+                                       "model.embed_init 'normal' \\(now 'xavier'\\)"):
+    switchhead_small.main([*args, "--step_rounds=0"])
   with pytest.raises(SystemExit, match="--variants must be"):
     switchhead_small.main([*args, "--variants=bogus"])
