@@ -799,10 +799,11 @@ def markdown(report: dict) -> str:
                    f"{_fmt(c['bytes'] / 1e9)} | {_fmt(c['floor_ms'])} | {c['share']:.1%} |")
     lines.append(f"| **total** | {total['launches']:,} | {_fmt(total['flops'] / 1e9, 1)} | "
                  f"{_fmt(total['bytes'] / 1e9)} | {_fmt(total['floor_ms'])} | 100% |")
-    lines += ["", f"Traced and compiled in {report['compile_s']:.1f} s on this machine."]
-    if report.get("memory"):
-      lines[-1] += (f" Memory per device: {report['memory']['total_bytes'] / 2**30:.2f} GiB "
-                    f"({report['memory']['temporary_bytes'] / 2**30:.2f} GiB temporaries).")
+    if report.get("memory"):  # compiled here, not read from --load_hlo
+      step_memory = report["memory"]
+      lines += ["", f"Traced and compiled in {report['compile_s']:.1f} s on this machine. Memory "
+                    f"per device: {step_memory['total_bytes'] / memory.GIB:.2f} GiB "
+                    f"({step_memory['temporary_bytes'] / memory.GIB:.2f} GiB temporaries)."]
     if report.get("xla_options"):
       lines += ["", f"Compiled with XLA options {report['xla_options']} (the GEMMs go to cuBLAS: "
                     "`sparse_jax/training/xla_fallbacks.py`)."]

@@ -90,7 +90,8 @@ def check_training_and_decode_rows(out, report):
   same = {r["model"]: r.get("same_model_as") for r in rows}
   assert same == {**{r["model"]: None for r in rows},
                   "dense 10 heads wt103_s": "dense wt103_s",
-                  "dense wt103_s unrolled": "dense wt103_s"}
+                  "dense wt103_s unrolled": "dense wt103_s",
+                  "dense 44m unrolled": "dense 44m"}
   assert {r["model"] for r in rows if r["scan_layers"]} == {
       "dense wt103_s scanned", "sigma_moe wt103_s scanned", "moeut 44m scanned"}
   step_ms = {r["model"]: r["step_ms"] for r in rows}

@@ -1,9 +1,10 @@
-"""The decoder's layers under one `jax.lax.scan` (`model.scan_layers`): compile time that does
-not grow with depth.
+"""The decoder's layers under one `jax.lax.scan` (`model.scan_layers`): one layer's program
+compiled, not `n_layers` of them.
 
 Unrolled, every layer is traced and compiled apart, so XLA's work grows with `n_layers` (WT-103
-S's 16 layers took 40-120 s to compile on an H100/H200). Scanned, XLA compiles one layer's
-program and runs it in a loop. The blocks stay separate modules, so parameters, checkpoints
+S's 16-layer training step took 38-120 s to compile on an H100/H200). Scanned, XLA compiles one
+layer's program and runs it in a loop; what still grows with depth is the work per parameter
+array outside it (the optimiser's update, the stacking below). The blocks stay separate modules, so parameters, checkpoints
 and per-layer names are the same either way: their states are stacked when the model is
 called, and the scan's body rebuilds one layer from its slice (`nnx.merge`).
 

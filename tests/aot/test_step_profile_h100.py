@@ -39,3 +39,5 @@ def test_deviceless_breakdown_of_a_step_compiled_for_an_h100(tmp_path):
   assert written["total"] == total
   markdown = (tmp_path / "step_profile_tiny_moe_config_h100_deviceless.md").read_text()
   assert "| **total** |" in markdown and "Pad fusions:" in markdown
+  assert report["compile_s"] > 0 and report["memory"]["total_bytes"] > 0
+  assert "Traced and compiled in" in markdown
