@@ -41,3 +41,22 @@ def test_deviceless_breakdown_of_a_step_compiled_for_an_h100(tmp_path):
   assert "| **total** |" in markdown and "Pad fusions:" in markdown
   assert report["compile_s"] > 0 and report["memory"]["total_bytes"] > 0
   assert "Traced and compiled in" in markdown
+
+
+@needs_gpu
+def test_scanned_layers_compile_for_an_h100_with_every_kernel_in_the_loop(tmp_path):
+  """`model.scan_layers` with the GPU's kernels inside the scan (Triton cvmm, the fused XL
+  attention): it compiles for an H100, every loop has a known trip count, and counted by trip
+  count the step launches our kernels as often as the unrolled step does."""
+  def report(scan: bool):
+    return step_profile.main([f"--config={CONFIG}", "--config.model.dtype=bfloat16",
+                              f"--config.model.scan_layers={scan}", "--deviceless=h100",
+                              f"--name=tiny_{scan}", f"--out={tmp_path}",
+                              f"--save_hlo={tmp_path / f'{scan}.hlo.txt'}"])
+
+  unrolled, scanned = report(False), report(True)
+  assert " while(" in (tmp_path / "True.hlo.txt").read_text()
+  assert " while(" not in (tmp_path / "False.hlo.txt").read_text()
+  assert not scanned.get("unknown_trip_counts")
+  triton = {kind: n for kind, n in unrolled["launch_kinds"].items() if "triton" in kind}
+  assert triton and triton == {kind: scanned["launch_kinds"][kind] for kind in triton}
