@@ -6,23 +6,22 @@ SwitchHead, and dense with SwitchHead's head count, at equal parameters, over se
         [--step_rounds=10]
 
 Trains every variant of each comparison in `COMPARISONS` (`configs/switchhead_small.py`'s
-`dense`, `switchhead`, `dense_few`; `configs/moeut_small.py`'s `moeut_dense`, `moeut`) once
-per seed on `builtin`. Each run lives in
-`WORKDIR/<comparison>/<variant>/seed<N>` and leaves its result there as `result.json`: a
-finished run is read back, not redone, and an interrupted one (SIGTERM: `RunInterrupted`)
-resumes from its checkpoint when the command is run again (its `wall_s` then covers the last
-invocation, which started after `resumed_after_step`); a finished run recorded with another
-config (any field, every default filled in: `config_fields`; results written before they
-recorded it are read back as they are) is refused by name. Prints one Markdown table: per variant
-the validation bits per byte (the run's final evaluation) as mean +- sd over the seeds, the
-paired difference to its comparison's baseline (its first variant, in % of it), parameters,
-one attention layer's parameters, MACs and activation memory as the SwitchHead paper counts
-them (`models.accounting.attention_report`), the training step time measured after training
-with each comparison's variants side by side (`--step_rounds` ABBA-interleaved steps on random
-tokens, so load on the machine hits all alike; the median of the paired ratios to the
-baseline) and each run's wall time. Each run's JSON also keeps its logged step time (the
-median logging window of its `metrics.jsonl`: taken while whatever else ran). Writes every
-run and the summary as JSON.
+`dense`, `switchhead`, `dense_few`; `configs/moeut_small.py`'s `moeut_dense`, `moeut`) once per
+seed on `builtin`. Each run lives in `WORKDIR/<comparison>/<variant>/seed<N>` and leaves its
+result there as `result.json`: a finished run is read back, not redone, and an interrupted one
+(SIGTERM: `RunInterrupted`) resumes from its checkpoint when the command is run again (its
+`wall_s` then covers the last invocation, which started after `resumed_after_step`); a finished
+run recorded with another config (any field, every default filled in: `config_fields`; results
+written before they recorded it are read back as they are) is refused by name. Prints one
+Markdown table: per variant the validation bits per byte (the run's final evaluation) as mean
++- sd over the seeds, the paired difference to its comparison's baseline (its first variant, in
+% of it), parameters, one attention layer's parameters, MACs and activation memory as the
+SwitchHead paper counts them (`models.accounting.attention_report`), the training step time
+measured after training with each comparison's variants side by side (`--step_rounds`
+ABBA-interleaved steps on random tokens, so load on the machine hits all alike; the median of
+the paired ratios to the baseline) and each run's wall time. Each run's JSON also keeps its
+logged step time (the median logging window of its `metrics.jsonl`: taken while whatever else
+ran). Writes every run and the summary as JSON.
 """
 
 import argparse
@@ -78,7 +77,7 @@ def shape(config) -> dict:
 
 def run(variant: str, seed: int, steps: int | None, root: str) -> dict:
   """One training run, or its saved result when it has finished before with the same config
-(`quality_small.check_same_config`)."""
+  (`quality_small.check_same_config`)."""
   comparison = comparison_of(variant)
   workdir = os.path.join(root, comparison, variant, f"seed{seed}")
   result_path = os.path.join(workdir, RESULT_FILE)

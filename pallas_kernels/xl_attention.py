@@ -21,20 +21,21 @@ extraction: Triton has no register gather; (c), taken here: the *unshifted* posi
 P = q_v @ r^T [B, H, T, K] are one XLA matmul per layer in the compute dtype (one write), and
 the kernels read each tile's position scores from P through the skewed index
 (`P[i, j + T - 1 - i]`, a Triton load with an integer array on both axes; P laid out
-[H, B, T, K], as the batched GEMM writes it), so the float32
-[B, H, T, K] scores, the shift, the mask and the softmax never touch memory. P is not kept
-for the backward pass: it is recomputed there from q_v and r (one more small GEMM, where
-keeping it cost 168 MB a layer of memory, and under `model.scan_layers` copies into and out of
-the stacked residuals). The backward kernel writes dP (the score gradient at the same skewed places, zeros where no key is) once,
-and XLA forms dq_v = dP @ r and dr = dP^T q_v from it. In float32 this is the current math
+[H, B, T, K], as the batched GEMM writes it), so the float32 [B, H, T, K] scores, the
+shift, the mask and the softmax never touch memory. P is not kept for the backward pass: it
+is recomputed there from q_v and r (one more small GEMM, where keeping it cost 168 MB a layer
+of memory, and under `model.scan_layers` copies into and out of the stacked residuals). The
+backward kernel writes dP (the score gradient at the same skewed places, zeros where no key
+is) once, and XLA forms dq_v = dP @ r and dr = dP^T q_v from it. In float32 this is the current math
 exactly (tested); in bfloat16 the position scores are rounded to bf16 before being added to
 the f32 content scores (the XLA path adds them in f32).
 
 Memory traffic at the WT-103 S layer (B 64, H 10, T 256, K 512, bf16; B H T K = 84 M
 elements, 168 MB in bf16): forward P written and read once (0.34 GB); backward P written
 again, read by the dk/dv and the dq kernels, dP written once and read by its two matmuls
-(1.0 GB): about 1.4 GB per layer, 22 GB for the 16 layers, against the 116 GB the XLA path's attention moves
-per step (benchmarks/step_profile), plus the q/k/v tile reads (k and v once per query block).
+(1.0 GB): about 1.4 GB per layer, 22 GB for the 16 layers, against the 116 GB the XLA path's
+attention moves per step (benchmarks/step_profile), plus the q/k/v tile reads (k and v once
+per query block).
 
 Kernels (Pallas Triton; interpret mode off GPU), on 2-D views of the inputs (free
 reshapes: q [B T, H Dh], k and v [B K, H Dh], P [H B T, K]) with every tile masked, so no

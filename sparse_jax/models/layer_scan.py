@@ -4,9 +4,10 @@ compiled, not `n_layers` of them.
 Unrolled, every layer is traced and compiled apart, so XLA's work grows with `n_layers` (WT-103
 S's 16-layer training step took 38-120 s to compile on an H100/H200). Scanned, XLA compiles one
 layer's program and runs it in a loop; what still grows with depth is the work per parameter
-array outside it (the optimiser's update, the stacking below). The blocks stay separate modules, so parameters, checkpoints
-and per-layer names are the same either way: their states are stacked when the model is
-called, and the scan's body rebuilds one layer from its slice (`nnx.merge`).
+array outside it (the optimiser's update, the stacking below). The blocks stay separate
+modules, so parameters, checkpoints and per-layer names are the same either way: their states
+are stacked when the model is called, and the scan's body rebuilds one layer from its slice
+(`nnx.merge`).
 
 The computation is the unrolled one, random draws included: every random stream in a block is
 the block's own (forked at construction, reseeded per step by `models.rngs.reseed`), so a

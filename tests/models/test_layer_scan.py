@@ -56,8 +56,7 @@ def _run(name: str, *, scan: bool, remat: str = "none"):
   model.train()
   reseed(model, 0, 5)
   tokens_sbt = jax.random.randint(jax.random.key(1), (2, 2, 7), 0, 40)
-  return jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.State(_as_state(*_two_segments(
-      model, tokens_sbt)))))
+  return jax.tree.map(np.asarray, _as_state(*_two_segments(model, tokens_sbt)))
 
 
 def _as_state(outputs, grads, counts):
