@@ -168,18 +168,34 @@ def step_profile_table(part: dict | None) -> str:
                  + " |")
     lines.append("| **measured step (wall)** | "
                  + " | ".join(f"{m['total']['wall_ms']:.2f}" for m in models) + " |")
-    lines += ["", f"Top {STEP_PROFILE_TOP} kernels of each model:", "",
-              "| model | kernel | category | calls/step | ms/step |", "|---|---|---|---:|---:|"]
+    lines.append("| idle between kernels (largest gap) | " + " | ".join(
+        _idle_cell(m.get("idle")) for m in models) + " |")
+    lines += ["", f"Top {STEP_PROFILE_TOP} kernels of each model (x floor: the time over its "
+              "launches' roofline floor; tiles: the GEMM tiling XLA chose):", "",
+              "| model | kernel | category | calls/step | ms/step | x floor | shapes | tiles |",
+              "|---|---|---|---:|---:|---:|---|---|"]
     for m in models:
       for k in m["top"][:STEP_PROFILE_TOP]:
+        launch = k.get("launch") or {}
+        floor = launch.get("floor_ms")
+        over = f"{k['ms'] / (k['calls'] * floor):.1f}" if floor and k["calls"] else "-"
         lines.append(f"| {m['model']} | `{k['name'][:70]}` | {k['category']} | "
-                     f"{k['calls']:.0f} | {k['ms']:.3f} |")
+                     f"{k['calls']:.0f} | {k['ms']:.3f} | {over} | {launch.get('shapes', '')} | "
+                     f"{launch.get('tiles', '')} |")
   others = [m for m in part["models"] if m["status"] != "ok"]
   if others:
     lines += ["", "Not measured:"] + [
         f"- {m['model']}: {m['status'] if m['status'] != 'error' else m['error'][:300]}"
         for m in others]
   return "\n".join(lines)
+
+
+def _idle_cell(idle: dict | None) -> str:
+  """`ms/step (largest gap ms)` of `step_profile.idle_gaps`, '-' without one."""
+  if not idle:
+    return "-"
+  largest = idle["largest"][0]["ms"] if idle["largest"] else 0.0
+  return f"{idle['ms']:.2f} ({largest:.2f})"
 
 
 def decode_table(part: dict | None) -> str:

@@ -21,9 +21,11 @@ the Python functions of its source stack, which XLA keeps in the module's `Stack
   `--steps` steps under `jax.profiler.trace`. Each kernel event of the step's program on the
   GPU's stream lines (CUPTI's, on the `/device:GPU:0` plane; on a CPU, XLA's thunk events,
   which is how this mode is tested) names its HLO instruction (`hlo_op`); its time goes to
-  that instruction's category. Prints device ms/step per category, the top kernels by name,
-  and the categories' sum beside the measured step (the rest: gaps between kernels, launch
-  and host time; kernels on concurrent streams count twice).
+  that instruction's category. Prints device ms/step per category, the top kernels by name
+  (each beside its launch's roofline floor, shapes and the GEMM tiling XLA chose), the
+  categories' sum beside the measured step (the rest: gaps between kernels, launch and host
+  time; kernels on concurrent streams count twice), and the idle gaps: how long and where the
+  device waited between kernels.
 - `--deviceless=TARGET`: no device. Every launch of the compiled program (each operation of
   the entry computation, and of while-loop bodies times their trip count, that is not a
   parameter, constant, tuple, bitcast or loop; each branch of a conditional once) gets its
@@ -626,6 +628,7 @@ class KernelEvent:
   kernel: str  # the kernel's name (CUPTI's on a GPU; the thunk's on a CPU)
   hlo_op: str  # the HLO instruction that launched it ('' if the event does not say)
   duration_ns: float
+  start_ns: float = 0.0
 
 
 def kernel_events(profile, module: str) -> list[KernelEvent]:
@@ -646,7 +649,8 @@ def kernel_events(profile, module: str) -> list[KernelEvent]:
       stats = dict(event.stats)
       if stats.get("hlo_module") != module:
         continue
-      events.append(KernelEvent(event.name, str(stats.get("hlo_op", "")), event.duration_ns))
+      events.append(KernelEvent(event.name, str(stats.get("hlo_op", "")), event.duration_ns,
+                                event.start_ns))
   return events
 
 
@@ -677,10 +681,60 @@ def kernel_op(module: HloModule, event: KernelEvent) -> Op:
   return module.op(inst) if inst is not None else Op(event.kernel)
 
 
+def idle_gaps(events: list[KernelEvent], steps: int, largest: int = 5) -> dict:
+  """Where the device waited between `events` (of `steps` steps, on any stream): the idle time
+  per step (between the first kernel's start and the last one's end, time no kernel ran) and
+  the `largest` gaps with the kernels on either side, so that gaps between steps (the host
+  dispatching the next one) and inside a step (launches the kernels cannot hide) tell apart."""
+  gaps, busy_until, last = [], None, ""
+  for event in sorted(events, key=lambda e: e.start_ns):
+    if busy_until is not None and event.start_ns > busy_until:
+      gaps.append((event.start_ns - busy_until, last, event.kernel))
+    end = event.start_ns + event.duration_ns
+    if busy_until is None or end >= busy_until:
+      busy_until, last = end, event.kernel
+  gaps.sort(key=lambda gap: -gap[0])
+  return {"ms": sum(g[0] for g in gaps) / 1e6 / steps, "gaps": len(gaps) / steps,
+          "largest": [{"ms": ns / 1e6, "after": after, "before": before}
+                      for ns, after, before in gaps[:largest]]}
+
+
+def _gemm_tiles(inst: Instruction) -> str:
+  """The tiling XLA chose for a Triton GEMM fusion (its backend config's
+  `triton_gemm_config`: block_m/n/k, split_k, stages, warps), '' for other launches."""
+  match = re.search(r'"triton_gemm_config":\{([^}]*)\}', inst.attrs)
+  if not match:
+    return ""
+  fields = dict(re.findall(r'"(\w+)":"?(\d+)"?', match[1]))
+  keys = ("block_m", "block_n", "block_k", "split_k", "num_stages", "num_warps")
+  return " ".join(f"{key.removeprefix('num_')}={fields[key]}" for key in keys if key in fields)
+
+
+def kernel_floor(module: HloModule, hlo_op: str, peaks) -> dict:
+  """What one launch of `hlo_op` moves and multiplies (`launch_cost`), its roofline floor
+  against `peaks` (None without peaks for the device), its operand and output shapes, and the
+  GEMM tiling XLA picked (`_gemm_tiles`)."""
+  inst = module.by_name.get(hlo_op) or module.by_kernel.get(hlo_op)
+  if inst is None:
+    return {}
+  cost = launch_cost(module, inst)
+  floor_ms = None
+  if peaks is not None:
+    dtype = "bfloat16" if cost.narrow else "float32"
+    floor_ms = 1e3 * max(cost.flops / (peaks.tflops[dtype] * 1e12),
+                         cost.bytes / (peaks.hbm_tb_s * 1e12))
+  shapes = [re.sub(r"\{[^}]*\}", "", module.shapes.get(o, "")) for o in inst.operands[:3]]
+  return {"flops": cost.flops, "bytes": cost.bytes, "floor_ms": floor_ms,
+          "shapes": f"{', '.join(shapes)} -> {re.sub(r'{[^}]*}', '', inst.shape)}"[:160],
+          "tiles": _gemm_tiles(inst)}
+
+
 def summarize_device(module: HloModule, events: list[KernelEvent], steps: int,
-                     wall_ms: float) -> dict:
+                     wall_ms: float, peaks=None) -> dict:
   """Per category: kernels and device ms per step, share of the kernels' time; the top
-  kernels by name; the kernels' sum beside the measured wall time of a step."""
+  kernels by name, each with its first instruction's floor per launch (`kernel_floor`,
+  against `peaks`); the kernels' sum beside the measured wall time of a step, and the idle
+  gaps (`idle_gaps`)."""
   ops = {}
   per_kernel = collections.defaultdict(lambda: {"ns": 0.0, "calls": 0, "hlo_ops": set(),
                                                 "category": "other"})
@@ -716,7 +770,10 @@ def summarize_device(module: HloModule, events: list[KernelEvent], steps: int,
                 "device_over_wall": device_ms / wall_ms if wall_ms else None},
       "top": [{"name": name, "category": k["category"], "calls": k["calls"] / steps,
                "ms": k["ns"] / 1e6 / steps, "share": k["ns"] / total_ns if total_ns else 0.0,
-               "hlo_ops": sorted(k["hlo_ops"])[:3]} for name, k in top],
+               "hlo_ops": sorted(k["hlo_ops"])[:3],
+               "launch": kernel_floor(module, min(k["hlo_ops"], default=name), peaks)}
+              for name, k in top],
+      "idle": idle_gaps([e for e in events if ops[e.hlo_op, e.kernel] is not None], steps),
       "steps": steps,
   }
 
@@ -740,7 +797,8 @@ def device_report(train_step, batch, *, steps: int, warmup: int) -> dict:
   device = jax.devices()[0]
   return {"mode": "device", "module": module.name, "device_kind": device.device_kind,
           "platform": device.platform, "warmup": warmup,
-          **summarize_device(module, events, steps, wall_ms)}
+          **summarize_device(module, events, steps, wall_ms,
+                             roofline.device_peaks(device.device_kind))}
 
 
 # Building the step.
@@ -834,12 +892,26 @@ def markdown(report: dict) -> str:
     lines += [f"| **kernels' sum** | {_fmt(total['kernels'], 0)} | {_fmt(total['ms'])} | 100% |",
               "", f"Measured step (wall, untraced): {_fmt(total['wall_ms'])} ms; the kernels' "
                   f"sum is {'n/a' if over is None else f'{over:.0%}'} of it.", "",
-              f"Top {TOP} kernels by name:", "",
-              "| kernel | category | calls/step | ms/step | share | HLO ops |",
-              "|---|---|---:|---:|---:|---|"]
+              f"Top {TOP} kernels by name; a launch's floor, shapes and GEMM tiles are its "
+              "first HLO op's (x floor: ms/step over calls/step times that floor):", "",
+              "| kernel | category | calls/step | ms/step | share | floor ms/launch | x floor "
+              "| shapes | tiles | HLO ops |",
+              "|---|---|---:|---:|---:|---:|---:|---|---|---|"]
     for t in report["top"]:
+      launch = t.get("launch") or {}
+      floor = launch.get("floor_ms")
+      over = t["ms"] / (t["calls"] * floor) if floor and t["calls"] else None
       lines.append(f"| `{t['name'][:80]}` | {t['category']} | {_fmt(t['calls'], 0)} | "
-                   f"{_fmt(t['ms'], 3)} | {t['share']:.1%} | {', '.join(t['hlo_ops'])} |")
+                   f"{_fmt(t['ms'], 3)} | {t['share']:.1%} | "
+                   f"{'-' if floor is None else _fmt(floor, 4)} | "
+                   f"{'-' if over is None else _fmt(over, 1)} | {launch.get('shapes', '')} | "
+                   f"{launch.get('tiles', '')} | {', '.join(t['hlo_ops'])} |")
+    idle = report.get("idle")
+    if idle:
+      lines += ["", f"Idle between the kernels: {_fmt(idle['ms'])} ms/step in "
+                    f"{_fmt(idle['gaps'], 0)} gaps; the largest: " + "; ".join(
+                        f"{_fmt(g['ms'], 3)} ms after `{g['after'][:60]}` before "
+                        f"`{g['before'][:60]}`" for g in idle["largest"]) + "."]
   return "\n".join(lines) + "\n"
 
 

@@ -20,9 +20,10 @@ useful block sizes; (b) a [bq, bq + bk - 1] tile matmul q_v @ r_window^T, then a
 extraction: Triton has no register gather; (c), taken here: the *unshifted* position scores
 P = q_v @ r^T [B, H, T, K] are one XLA matmul per layer in the compute dtype (one write), and
 the kernels read each tile's position scores from P through the skewed index
-(`P[i, j + T - 1 - i]`, a Triton load with an integer array on both axes; P laid out
-[H, B, T, K], as the batched GEMM writes it), so the float32 [B, H, T, K] scores, the
-shift, the mask and the softmax never touch memory. P is not kept for the backward pass: it
+(`P[i, j + T - 1 - i]`: P laid out [H, B, T, K] as the batched GEMM writes it, with a zero
+column before and any after its K columns so that each tile row's run of keys starts on a
+16-byte boundary, `PositionLayout`), so the float32 [B, H, T, K] scores, the shift, the mask
+and the softmax never touch memory. P is not kept for the backward pass: it
 is recomputed there from q_v and r (one more small GEMM, where keeping it cost 168 MB a layer
 of memory, and under `model.scan_layers` copies into and out of the stacked residuals). The
 backward kernel writes dP (the score gradient at the same skewed places, zeros where no key
@@ -38,8 +39,13 @@ attention moves per step (benchmarks/step_profile), plus the q/k/v tile reads (k
 per query block).
 
 Kernels (Pallas Triton; interpret mode off GPU), on 2-D views of the inputs (free
-reshapes: q [B T, H Dh], k and v [B K, H Dh], P [H B T, K]) with every tile masked, so no
-size has to be a power of 2 or a multiple of a block (head dim 41 is padded to 64 inside):
+reshapes: q [B T, H Dh], k and v [B K, H Dh], P flat) with every tile masked, so no size has
+to be a power of 2 or a multiple of a block. Heads are padded with zero channels to whole
+16-byte vectors in memory (41 -> 48 in bf16: by `xl_attention`, or by the XL layer in its
+weights, so no activation is copied) and to a power of 2 in registers (64). Unpadded, no row
+of q, k, v or P started on a vector boundary, and Triton compiled every load of the three
+kernels for an H100 to 2-byte loads, without the asynchronous copies that pipeline them;
+padded, they are 16-byte loads and `cp.async` (tests/aot/test_xl_attention_compile.py):
 `_forward_kernel` (grid: query blocks x B H) runs the online softmax over the key blocks a
 query block can see, f32 accumulation, and saves the log-sum-exp; `_dkdv_kernel` (key
 blocks x B H) recomputes the probabilities from q, k, P and the lse and accumulates dk, dv;
@@ -68,6 +74,9 @@ from pallas_kernels.triton_matmul import dot_precision, pow2_block, triton_compi
 # with attention dropout off, else the XLA path.
 XL_IMPLS = ("auto", "pallas", "xla")
 _MASKED = -1e30
+# One vectorised global load or cp.async: rows and row starts that are whole vectors let Triton
+# load tiles 16 bytes at a time (and pipeline them); WT-103 S's 41-wide heads did not.
+_VECTOR_BYTES = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,12 +152,33 @@ def xl_attention_reference(q_u, q_v, k, v, r, scale, mem_valid):
 # ----------------------------------------------------------------------------------------------
 # Kernels. Shared: the (b, h) of a program, tile loads, the scores of one tile.
 
-class _Dims:
-  """Static sizes of one call."""
+def aligned_width(n: int, dtype) -> int:
+  """n rounded up to whole 16-byte vectors of `dtype` (8 bf16, 4 f32 elements)."""
+  per_vector = _VECTOR_BYTES // jnp.dtype(dtype).itemsize
+  return -(-n // per_vector) * per_vector
 
-  def __init__(self, b, t, kk, h, d, blocks: XLBlocks, interpret: bool = False):
+
+class PositionLayout:
+  """How P is stored: [H B T, `width`], its K columns after `lead` zero columns, so that
+  (query i, key j) is at `i (width - 1) + lead + T - 1 + j` of its (b, h) plane.
+
+  `width - 1` and `lead + T - 1` are whole vectors, so a tile's row of keys starts on a vector
+  boundary (every plane does too when T is a whole number of vectors), and `lead + K <=
+  width`, so every (i < T, j < K) lies inside its own plane: a tile loads with a rectangular
+  mask, which keeps its loads vectorised where a per-entry mask would not."""
+
+  def __init__(self, t: int, kk: int, dtype):
+    self.lead = aligned_width(t - 1, dtype) - (t - 1)
+    self.width = aligned_width(kk + self.lead - 1, dtype) + 1
+
+
+class _Dims:
+  """Static sizes of one call; `d` is the head width in memory (`aligned_width`)."""
+
+  def __init__(self, b, t, kk, h, d, blocks: XLBlocks, dtype, interpret: bool = False):
     self.b, self.t, self.k, self.h, self.d, self.blocks = b, t, kk, h, d, blocks
     self.m = kk - t
+    self.position = PositionLayout(t, kk, dtype)
     # dP's columns. Interpret mode stores a masked scatter as gather, select, scatter, so two
     # masked entries aimed at one column could put back a stale value over a real one: there
     # each masked entry of a tile row gets its own spare column past K (sliced off after).
@@ -176,21 +206,29 @@ def _skew(rows_i, keys_j, dims: _Dims):
 
 
 def _position_row0(b, h, dims: _Dims):
-  """P's first row of (b, h): P is [H, B, T, K] (flattened to [H B T, K]), the layout of the
-  batched GEMM (batch H, rows B T) that makes it, so XLA transposes no [B, H, T, K] array."""
+  """P's first row of (b, h): P is [H, B, T, width] (flattened), the layout of the batched
+  GEMM (batch H, rows B T) that makes it, so XLA transposes no [B, H, T, K] array."""
   return (h * dims.b + b) * dims.t
+
+
+def _load_position(p_ref, p_row0, rows_i, keys_j, in_range, dims: _Dims):
+  """P's entries of a tile (zeros where not `in_range`, rectangular) from the flat P
+  (`PositionLayout`), the index written so that Triton sees each row's keys contiguous and
+  starting on a vector boundary (`(width - 1) i`, not `width i - i`)."""
+  layout = dims.position
+  index = (p_row0 * layout.width + rows_i[:, None] * (layout.width - 1)
+           + (layout.lead + dims.t - 1) + keys_j[None, :])
+  if dims.interpret:  # interpret mode gathers masked entries too: keep them in bounds
+    index = jnp.where(in_range, index, 0)
+  return plgpu.load(p_ref.at[index], mask=in_range, other=0.0)
 
 
 def _tile_scores(q_u, k_tile, p_ref, p_row0, rows_i, keys_j, scale, mem_valid, dims: _Dims):
   """(scaled scores, visible) of a [bq, bk] tile: q_u . k + P through the skewed index."""
-  row_ok = rows_i < dims.t
-  p, p_ok = _skew(rows_i, keys_j, dims)
-  visible = (row_ok[:, None] & (keys_j < dims.k)[None, :]
-             & (keys_j[None, :] <= dims.m + rows_i[:, None])
-             & (keys_j[None, :] >= dims.m - mem_valid) & p_ok)
-  p_rows = jnp.where(row_ok, p_row0 + rows_i, 0)
-  position = plgpu.load(p_ref.at[p_rows[:, None], jnp.where(visible, p, 0)],
-                        mask=visible, other=0.0)
+  in_range = (rows_i < dims.t)[:, None] & (keys_j < dims.k)[None, :]
+  visible = (in_range & (keys_j[None, :] <= dims.m + rows_i[:, None])
+             & (keys_j[None, :] >= dims.m - mem_valid))
+  position = _load_position(p_ref, p_row0, rows_i, keys_j, in_range, dims)
   content = jnp.dot(q_u, k_tile.T, precision=dot_precision(q_u.dtype),
                     preferred_element_type=jnp.float32)
   scores = (content + position.astype(jnp.float32)) * scale
@@ -364,23 +402,25 @@ def _call(kernel, name, dims: _Dims, grid, out_shape, interpret, *args):
       interpret=interpret, name=name)(*args)
 
 
-def _position_scores(q_v, r, dtype):
-  """The unshifted position scores `[H B T, K]` (`_position_row0`), the GEMM's output in the
-  compute dtype (it accumulates in f32 and rounds once). The backward pass recomputes them
-  from q_v and r rather than keeping them: one small GEMM against `[H, B T, K]` stored per
-  layer (168 MB a layer of WT-103 S at batch 64)."""
-  b, t, h, _ = q_v.shape
-  position = jnp.einsum("hnc,hkc->hnk", _heads_first(q_v), jnp.swapaxes(r, 0, 1).astype(dtype),
-                        preferred_element_type=dtype, precision=dot_precision(q_v.dtype))
-  return position.reshape(h * b * t, r.shape[0])
+def _position_scores(q_v, r, dims: _Dims):
+  """The unshifted position scores, flat, in `dims.position`'s layout: the GEMM against r
+  with zero rows around it, in the compute dtype (it accumulates in f32 and rounds once). The
+  backward pass recomputes them from q_v and r rather than keeping them: one small GEMM
+  against `[H, B T, K]` stored per layer (168 MB a layer of WT-103 S at batch 64)."""
+  layout = dims.position
+  r_pad = jnp.pad(r, ((layout.lead, layout.width - layout.lead - dims.k), (0, 0), (0, 0)))
+  position = jnp.einsum("hnc,hkc->hnk", _heads_first(q_v),
+                        jnp.swapaxes(r_pad, 0, 1).astype(q_v.dtype),
+                        preferred_element_type=q_v.dtype, precision=dot_precision(q_v.dtype))
+  return position.reshape(-1)
 
 
 def _forward(q_u, q_v, k, v, r, scale, mem_valid, interpret):
   b, t, h, d = q_u.shape
   kk = k.shape[1]
-  dims = _Dims(b, t, kk, h, d, xl_blocks(t, kk, d, q_u.dtype))
+  dims = _Dims(b, t, kk, h, d, xl_blocks(t, kk, d, q_u.dtype), q_u.dtype, interpret)
   scale_1, mem_valid_1 = _scalars(scale, mem_valid, kk - t)
-  position = _position_scores(q_v, r, q_u.dtype)
+  position = _position_scores(q_v, r, dims)
   out, lse = _call(
       _forward_kernel, "xl_attention_forward", dims, (pl.cdiv(t, dims.blocks.q), b * h),
       (jax.ShapeDtypeStruct((b * t, h * d), q_u.dtype),
@@ -402,13 +442,14 @@ def _xl_attention_fwd(q_u, q_v, k, v, r, scale, mem_valid, interpret):
 
 def _xl_attention_bwd(interpret, residuals, dout):
   q_u, q_v, k, v, r, scale, mem_valid, lse, out = residuals
-  position = _position_scores(q_v, r, q_u.dtype)
   b, t, h, d = q_u.shape
   kk = k.shape[1]
-  dims = _Dims(b, t, kk, h, d, xl_blocks(t, kk, d, q_u.dtype, "dkdv"), interpret)
+  dims = _Dims(b, t, kk, h, d, xl_blocks(t, kk, d, q_u.dtype, "dkdv"), q_u.dtype, interpret)
   # The same tiles (the dq kernel writes dP in its layout), its own warps.
   dq_dims = _Dims(b, t, kk, h, d, dataclasses.replace(
-      dims.blocks, num_warps=xl_blocks(t, kk, d, q_u.dtype, "dq").num_warps), interpret)
+      dims.blocks, num_warps=xl_blocks(t, kk, d, q_u.dtype, "dq").num_warps), q_u.dtype,
+      interpret)
+  position = _position_scores(q_v, r, dims)
   scale_1, mem_valid_1 = _scalars(scale, mem_valid, kk - t)
   dout = dout.astype(q_u.dtype)
   # sum_c out * dout per (b, h, t): a reduction, not an f32 dot.
@@ -456,4 +497,10 @@ def xl_attention(q_u: jax.Array, q_v: jax.Array, k: jax.Array, v: jax.Array, r: 
   if not isinstance(scale, jax.Array):
     scale = jnp.asarray(scale, jnp.float32)
   mem_valid = jnp.asarray(mem_valid, jnp.int32)
-  return _xl_attention(q_u, q_v, k, v, r, scale, mem_valid, interpret)
+  head_dim = q_u.shape[-1]
+  width = aligned_width(head_dim, q_u.dtype)
+  if width == head_dim:
+    return _xl_attention(q_u, q_v, k, v, r, scale, mem_valid, interpret)
+  pad = lambda x: jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - head_dim)])
+  out = _xl_attention(pad(q_u), pad(q_v), pad(k), pad(v), pad(r), scale, mem_valid, interpret)
+  return out[..., :head_dim]

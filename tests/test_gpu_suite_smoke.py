@@ -111,6 +111,7 @@ def check_step_profile_breaks_down_the_training_parts_steps(out, report):
     assert sum(c["share"] for c in categories) == pytest.approx(1.0)
     assert model["total"]["ms"] > 0 and model["total"]["wall_ms"] > 0
     assert model["top"] and all(k["ms"] > 0 for k in model["top"])
+    assert model["idle"]["ms"] >= 0 and model["top"][0]["launch"]["shapes"]
   by_model = {m["model"]: {c["category"]: c["ms"] for c in m["categories"]} for m in models}
   assert by_model["sigma_moe wt103_s"]["moe"] > 0 and by_model["dense wt103_s"]["moe"] == 0
   assert by_model["switchhead wt103_s"]["moe"] > 0
@@ -122,7 +123,8 @@ def check_markdown_holds_every_table(out, report):
   assert markdown.count(gpu_suite_tables.CVMM_HEADER[0]) == 2
   assert "| dense 10 heads wt103_s (= dense wt103_s) |" in markdown
   for title in ("### Training step", "### Where the training step's time goes",
-                "| **measured step (wall)** |", "### Decoding one token",
+                "| **measured step (wall)** |", "| idle between kernels (largest gap) |",
+                "### Decoding one token",
                 "Tests on the device: Not measured: skipped: smoke"):
     assert title in markdown
 

@@ -175,7 +175,7 @@ ENTRY %main (a: f32[64,128], x: bf16[32,64], w: bf16[64,16], i: s32[]) -> (f32[6
   %i = s32[] parameter(3)
   %loop_slice_fusion = f32[8,128]{1,0} fusion(%a), kind=kLoop, calls=%fused_slice, metadata={op_name="jit(step)/jvp()/slice" stack_frame_id=3}
   %loop_dynamic_update_slice_fusion = f32[64,128]{1,0} fusion(%a, %loop_slice_fusion, %i), kind=kLoop, calls=%fused_update
-  %gemm_fusion_dot = bf16[32,16]{1,0} fusion(%x, %w), kind=kCustom, calls=%gemm_computation, metadata={op_name="jit(step)/jvp(bthc,bkhc->bhtk)/dot_general" stack_frame_id=2}
+  %gemm_fusion_dot = bf16[32,16]{1,0} fusion(%x, %w), kind=kCustom, calls=%gemm_computation, metadata={op_name="jit(step)/jvp(bthc,bkhc->bhtk)/dot_general" stack_frame_id=2}, backend_config={"operation_queue_id":"0","fusion_backend_config":{"kind":"__triton_gemm","triton_gemm_config":{"block_m":"64","block_n":"32","block_k":"64","split_k":"2","num_stages":"4","num_warps":"4","num_ctas":"1"}}}
   %custom-call.1 = (bf16[32,16]{1,0}, s8[1024]{0}) custom-call(%x, %w), custom_call_target="__cublas$gemm", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]}}}, metadata={op_name="jit(step)/jvp(btd,dhc->bthc)/dot_general"}
   %tuple.2 = (s32[], f32[64,128]{1,0}) tuple(%i, %loop_dynamic_update_slice_fusion)
   %while.1 = (s32[], f32[64,128]{1,0}) while(%tuple.2), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"4"}}
@@ -311,6 +311,31 @@ def test_gpu_kernels_are_read_from_the_device_streams_and_categorised(module):
   assert [(t["name"], t["calls"]) for t in summary["top"]] == [
       ("gemm_fusion_dot", 1), ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", 0.5),
       ("loop_add_fusion_2", 0.5)]
+  # Idle: 4-5 us and 7-8 us of the trace (ps offsets / 1000), over 2 steps.
+  assert summary["idle"]["ms"] == pytest.approx(0.001) and summary["idle"]["gaps"] == 1
+  assert summary["idle"]["largest"][0] == {
+      "ms": pytest.approx(0.001), "after": "gemm_fusion_dot",
+      "before": "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n"}
+  assert summary["top"][0]["launch"]["floor_ms"] is None  # no peaks given
+
+
+def test_top_kernels_carry_their_launchs_floor_shapes_and_gemm_tiles(module):
+  """bf16[32,64] x bf16[64,16]: 2 * 32 * 16 * 64 FLOPs, 32*64 + 64*16 + 32*16 elements of 2
+  bytes; the H200's 4.8 TB/s makes it memory-bound; XLA's tiling from the backend config."""
+  events = step_profile.kernel_events(ProfileData.from_text_proto(XSPACE), "jit_step")
+  summary = step_profile.summarize_device(module, events, steps=2, wall_ms=0.01,
+                                          peaks=roofline.device_peaks("NVIDIA H200"))
+  launch = summary["top"][0]["launch"]
+  assert launch["flops"] == 2 * 32 * 16 * 64 and launch["bytes"] == 2 * (32 * 64 + 64 * 16
+                                                                         + 32 * 16)
+  assert launch["floor_ms"] == pytest.approx(1e3 * launch["bytes"] / 4.8e12)
+  assert launch["shapes"] == "bf16[32,64], bf16[64,16] -> bf16[32,16]"
+  assert launch["tiles"] == "block_m=64 block_n=32 block_k=64 split_k=2 stages=4 warps=4"
+  assert summary["top"][1]["launch"]["tiles"] == ""  # a cuBLAS call
+  report = {"config": "c", "mode": "device", "device_kind": "NVIDIA H200", "dtype": "bfloat16",
+            "batch_size": 1, "seq_len": 1, "module": "jit_step", "warmup": 1, **summary}
+  markdown = step_profile.markdown(report)
+  assert "block_m=64 block_n=32" in markdown and "Idle between the kernels" in markdown
 
 
 def tiny_moe_lm():

@@ -5,7 +5,8 @@ thunk sequence (every launch with its grid, threads per block and shared memory)
 (from the `nvidia-cuda-nvcc` wheel the compile extra installs) turns a PTX file into the
 registers per thread and the bytes spilled to local memory. From registers, threads and
 shared memory follows the theoretical occupancy: how many of the SM's thread slots resident
-blocks can fill (CUDA Occupancy Calculator's rule, allocation granularities included).
+blocks can fill (CUDA Occupancy Calculator's rule, allocation granularities included). The
+PTX also tells how wide a Triton kernel's global loads are (`global_load_bytes`).
 
 Mosaic GPU kernels are compiled by the CUDA plugin itself, not by XLA's pipeline: their PTX
 (ISA 9.0, beyond the CUDA 12 ptxas) is not in XLA's dumps. Under `mosaic_dump(DIR)` the plugin
@@ -54,6 +55,8 @@ class KernelResources:
   # Mosaic GPU kernels: the PTX target and how many of Hopper's instructions the PTX holds
   # (`ptx_instructions`); None for Triton's (a PTX file of XLA's holds many kernels).
   ptx: dict | None = None
+  # Triton kernels: {bytes per thread: count} of their global loads (`global_load_bytes`).
+  load_bytes: dict | None = None
 
   @property
   def spills(self) -> bool:
@@ -74,6 +77,35 @@ def ptx_instructions(ptx_text: str) -> dict:
                                  ptx_text, re.MULTILINE))
             for name, mnemonic in HOPPER_INSTRUCTIONS.items()}
   return {"target": target and target[1], **counts}
+
+
+_GLOBAL_LOAD = re.compile(r"(?:^|[;{}]|@!?%\w+)\s*ld\.global(?P<mods>(?:\.\w+)*?)"
+                          r"\.(?P<type>[bsuf])(?P<bits>\d+)\s", re.MULTILINE)
+_ASYNC_COPY = re.compile(r"cp\.async\.c[ag]\.shared\.global\S*\s+\[[^\]]*\],\s*\[[^\]]*\],"
+                         r"\s*(?P<bytes>0x[0-9a-f]+|\d+)")
+
+
+def entry_ptx(ptx_text: str) -> dict[str, str]:
+  """Kernel name -> its text, for each `.entry` of a PTX module (XLA's hold many kernels)."""
+  starts = [(m.start(), m[1]) for m in re.finditer(r"\.entry\s+(\w+)\s*\(", ptx_text)]
+  return {name: ptx_text[start:end] for (start, name), (end, _) in
+          zip(starts, [*starts[1:], (len(ptx_text), None)])}
+
+
+def global_load_bytes(ptx_text: str) -> dict[int, int]:
+  """{bytes per thread: count} of the global loads in `ptx_text`: `ld.global` (a vector of
+  `.v2`/`.v4` elements or one) and the asynchronous global-to-shared copies (`cp.async`) that
+  let Triton pipeline a loop's loads. A kernel whose rows do not start on 16-byte boundaries
+  gets element-sized loads (2 bytes in bf16) and no `cp.async`."""
+  counts = {}
+  for match in _GLOBAL_LOAD.finditer(ptx_text):
+    vector = re.search(r"\.v(\d+)", match["mods"])
+    size = int(match["bits"]) // 8 * (int(vector[1]) if vector else 1)
+    counts[size] = counts.get(size, 0) + 1
+  for match in _ASYNC_COPY.finditer(ptx_text):
+    size = int(match["bytes"], 0)
+    counts[size] = counts.get(size, 0) + 1
+  return dict(sorted(counts.items()))
 
 
 def ptxas_path() -> str | None:
@@ -165,16 +197,17 @@ def kernel_resources(dump_dir: str, target: targets.Target,
   if ptxas_path() is None:
     raise RuntimeError("ptxas not found: pip install -e \".[compile]\" (nvidia-cuda-nvcc-cu12)")
   launches = _launches(dump_dir, prefix)
-  reports = {}
+  reports, loads = {}, {}
   for ptx in glob.glob(os.path.join(dump_dir, "*.ptx")):
     with open(ptx, encoding="utf-8") as f:
-      if not any(f".entry {name}(" in line for line in f for name in launches):
-        continue
-    reports.update(_ptxas(ptx, target.sm))
+      entries = {name: text for name, text in entry_ptx(f.read()).items() if name in launches}
+    if entries:
+      reports.update(_ptxas(ptx, target.sm))
+      loads.update({name: global_load_bytes(text) for name, text in entries.items()})
   return [KernelResources(
       name=name, **launch, **reports[name],
       occupancy=occupancy(target.spec, launch["threads"], reports[name]["registers"],
-                          launch["shared_bytes"]))
+                          launch["shared_bytes"]), load_bytes=loads[name])
           for name, launch in sorted(launches.items()) if name in reports]
 
 

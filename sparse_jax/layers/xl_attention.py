@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pallas_kernels.xl_attention import XL_IMPLS, use_fused, xl_attention
+from pallas_kernels.xl_attention import XL_IMPLS, aligned_width, use_fused, xl_attention
 
 from sparse_jax.layers import initializers
 from sparse_jax.layers.precision import f32_einsum
@@ -127,18 +127,32 @@ class RelativeMultiHeadAttention(nnx.Module):
     dtype = ctx_bkd.dtype
     b, k, _ = ctx_bkd.shape
     t = n_queries
+    fused = use_fused(self.impl, self.attn_dropout.rate)
+    # The fused kernels load whole 16-byte vectors: their heads get zero channels up to a
+    # whole number of them (41 -> 48 in bf16) in the weights, so the projections write padded
+    # heads and the output projection reads them; the padding's products are zeros.
+    width = aligned_width(self.head_dim, dtype) if fused else self.head_dim
+    head_weight = lambda w, axis: _pad_axis(w[...].astype(dtype), axis, width)
     x_btd = ctx_bkd[:, k - t:]
-    q_bthc = jnp.einsum("btd,dhc->bthc", x_btd, self.w_q[...].astype(dtype))
-    k_bkhc = jnp.einsum("bkd,dhc->bkhc", ctx_bkd, self.w_k[...].astype(dtype))
-    v_bkhc = jnp.einsum("bkd,dhc->bkhc", ctx_bkd, self.w_v[...].astype(dtype))
+    q_bthc = jnp.einsum("btd,dhc->bthc", x_btd, head_weight(self.w_q, 2))
+    k_bkhc = jnp.einsum("bkd,dhc->bkhc", ctx_bkd, head_weight(self.w_k, 2))
+    v_bkhc = jnp.einsum("bkd,dhc->bkhc", ctx_bkd, head_weight(self.w_v, 2))
     distances_k = jnp.arange(k - 1, -1, -1)
     pos_kd = sinusoid_embedding(distances_k, self.d_model).astype(dtype)
-    r_khc = jnp.einsum("kd,dhc->khc", pos_kd, self.w_r[...].astype(dtype))
+    r_khc = jnp.einsum("kd,dhc->khc", pos_kd, head_weight(self.w_r, 2))
 
-    q_u = q_bthc + self.u_bias[...].astype(dtype)
-    q_v = q_bthc + self.v_bias[...].astype(dtype)
+    q_u = q_bthc + head_weight(self.u_bias, 1)
+    q_v = q_bthc + head_weight(self.v_bias, 1)
     scale = 1 / math.sqrt(self.head_dim) if self.scale is None else self.scale[...]
     out_bthc = attend_relative(q_u, q_v, k_bkhc, v_bkhc, r_khc, scale, mem_valid,
-                               self.attn_dropout,
-                               fused=use_fused(self.impl, self.attn_dropout.rate))
-    return jnp.einsum("bthc,hcd->btd", out_bthc, self.w_o[...].astype(dtype))
+                               self.attn_dropout, fused=fused)
+    return jnp.einsum("bthc,hcd->btd", out_bthc, head_weight(self.w_o, 1))
+
+
+def _pad_axis(x: jax.Array, axis: int, size: int) -> jax.Array:
+  """`x` with zeros appended along `axis` up to `size`."""
+  if x.shape[axis] == size:
+    return x
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, size - x.shape[axis])
+  return jnp.pad(x, widths)

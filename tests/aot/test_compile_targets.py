@@ -141,6 +141,25 @@ def test_ptx_instructions_counts_where_instructions_start():
   assert kernel_resources.ptx_instructions(ptx) == {"target": "sm_90a", "wgmma": 2, "tma": 2}
 
 
+def test_global_load_bytes_reads_each_entrys_loads():
+  """Triton's PTX forms: scalar and vector `ld.global` (predicated, after `mov`s on one line)
+  and 16- and 4-byte `cp.async`; stores, shared loads and `cp.async` bookkeeping are not
+  loads. Each `.entry` of a module is counted apart."""
+  ptx = "\n".join([
+      ".visible .entry first(", "\tmov.u16 %rs1, %rs2; @%p8 ld.global.b16 { %rs1 }, [ %rd3 + 0 ];",
+      "\tmov.u32 %r1, 0x0; ld.global.b32 { %r1 }, [ %rd1 + 0 ];",
+      "\tst.global.b16 [ %rd2 + 0 ], { %rs1 };", "\tld.shared.v4.b32 {%r1, %r2, %r3, %r4}, [%r5];",
+      ".visible .entry second(",
+      "\tmov.u32 %r3, %r9; @%p1 ld.global.v4.b32 { %r3, %r4, %r5, %r6 }, [ %rd16 + 0 ];",
+      "\tcp.async.cg.shared.global [ %r41 + 0 ], [ %rd18 + 0 ], 0x10, %r43;",
+      "\tcp.async.ca.shared.global [ %r42 + 0 ], [ %rd19 + 0 ], 0x4, %r43;",
+      "\tcp.async.commit_group;", "\tcp.async.wait_group 0;"])
+  entries = kernel_resources.entry_ptx(ptx)
+  assert list(entries) == ["first", "second"]
+  assert kernel_resources.global_load_bytes(entries["first"]) == {2: 1, 4: 1}
+  assert kernel_resources.global_load_bytes(entries["second"]) == {4: 1, 16: 2}
+
+
 def test_occupancy_follows_the_calculators_rule():
   """Hand-worked cases on an H100 SM (64 K registers, 228 KiB, 2048 threads)."""
   h100 = targets.parse_target("h100").spec

@@ -5,7 +5,7 @@ memory 256; batch 8 instead of 64 to stay quick).
 
 The compiled program must hold the three kernels, and no float32 tensor of B H T K elements
 (the scores the XLA path writes, which it does hold: checked too, so the search is not
-vacuous); the kernels must not spill.
+vacuous); the kernels must not spill, and must load their tiles 16 bytes at a time.
 """
 
 import math
@@ -72,6 +72,11 @@ def test_fused_xl_attention_compiles_without_f32_scores_and_spills(target_name, 
     assert not kernel.spills, kernel
     assert 0 < kernel.registers <= 255 and kernel.occupancy > 0, kernel
     assert kernel.shared_bytes <= target.spec["shared_memory_per_block_optin"], kernel
+    # Heads padded to whole 16-byte vectors and P's rows aligned (`PositionLayout`): q, k, v
+    # and P load 16 bytes at a time, pipelined by cp.async; unpadded, every tile load of the
+    # 41-wide heads was element by element (2 bytes in bf16) and none was asynchronous.
+    assert dtype == jnp.float32 or 2 not in kernel.load_bytes, kernel
+    assert kernel.load_bytes.get(16, 0) >= 8, kernel
 
 
 @needs_gpu
