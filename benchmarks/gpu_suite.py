@@ -519,26 +519,32 @@ def build_training(config) -> tuple[LMTrainStep, dict, float]:
 
 
 def time_training(config, steps: int, keep: dict | None = None) -> dict:
-  """Median time of the jitted training step on one device, fed random tokens, after one
-  warm-up step; its compile seconds, model FLOPs (`lm_step_flops`) and MFU against the
-  device's bfloat16 peak (`roofline.PEAKS`; None off that table); the compiled step's peak
-  memory. With `keep`, the compiled step and its batch are left there under
-  `model_key(config)` (for the step_profile part)."""
+  """The jitted training step on one device, fed random tokens, after one warm-up step:
+  `step_ms`, the mean of `steps` steps run as training runs them (the next dispatched before
+  the last is waited for: `LMTrainStep.run`), and `synced_step_ms`, the median of `steps`
+  steps each waited for (the host's dispatch of every step included: before 2026-11-29 the
+  suite's only time); its compile seconds, model FLOPs (`lm_step_flops`) and MFU (of
+  `step_ms`) against the device's bfloat16 peak (`roofline.PEAKS`; None off that table); the
+  compiled step's peak memory. With `keep`, the compiled step and its batch are left there
+  under `model_key(config)` (for the step_profile part)."""
   train_step, batch, compile_s = build_training(config)
   mesh, compiled = train_step.mesh, train_step.step_fn
   if keep is not None:
     keep[model_key(config)] = (train_step, batch)
-  times = []
+  synced = []
   with jax.set_mesh(mesh):
     for step in range(steps + 1):
       start = time.perf_counter()
-      metrics = train_step(batch, step)
-      times.append(time.perf_counter() - start)
-  step_ms = 1e3 * statistics.median(times[1:])
+      train_step(batch, step)
+      synced.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    metrics = train_step.run(batch, steps + 1, steps)
+    step_ms = 1e3 * (time.perf_counter() - start) / steps
   batch_size, seq_len = config.data.batch_size, config.data.seq_len
   peaks = roofline.device_peaks(jax.devices()[0].device_kind)
   tflop = train_step.flops_per_step / 1e12
-  return {"step_ms": step_ms, "tokens_per_second": batch_size * seq_len / step_ms * 1e3,
+  return {"step_ms": step_ms, "synced_step_ms": 1e3 * statistics.median(synced[1:]),
+          "tokens_per_second": batch_size * seq_len / step_ms * 1e3,
           "compile_s": compile_s, "model_tflop_per_step": tflop,
           "mfu": peaks and tflop / (step_ms / 1e3) / peaks.tflops["bfloat16"],
           "peak_memory_bytes": cvmm_benchmark.peak_memory_bytes(compiled),

@@ -118,22 +118,25 @@ def training_table(part: dict | None) -> str:
   reason = not_run(part)
   if reason:
     return f"{title}\n\n{reason}"
-  lines = [title, "", f"Median of {part['steps']} steps after a warm-up step; \"x baseline\": "
-           "the comparison's first model's step time over this one's.", "",
-           "| comparison | model | params | batch x seq_len | ms/step | tokens/s | x baseline "
-           "| MFU | compile s | peak memory GiB |",
-           "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+  lines = [title, "", f"ms/step: the mean of {part['steps']} steps run as training runs "
+           "them (each dispatched while the one before computes); synced: the median of as "
+           "many steps each waited for (host dispatch included). After a warm-up step. \"x "
+           "baseline\": the comparison's first model's ms/step over this one's.", "",
+           "| comparison | model | params | batch x seq_len | ms/step | synced ms/step | tokens/s "
+           "| x baseline | MFU | compile s | peak memory GiB |",
+           "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
   for row in part["rows"]:
     shape = f"{row['batch_size']} x {row['seq_len']}"
     if row["status"] != "ok":
       status = row["status"] if row["status"] != "error" else f"error: {row['error'][:200]}"
       lines.append(f"| {row['comparison']} | {row['model']} | - | {shape} | {status} | - | - "
-                   "| - | - | - |")
+                   "| - | - | - | - |")
       continue
     memory = row["peak_memory_bytes"]
     model = row["model"] + (f" (= {row['same_model_as']})" if "same_model_as" in row else "")
     lines.append(f"| {row['comparison']} | {model} | {row['params']:,} | {shape} | "
-                 f"{row['step_ms']:.1f} | {row['tokens_per_second']:.0f} | "
+                 f"{row['step_ms']:.1f} | {number(row.get('synced_step_ms'), '.1f')} | "
+                 f"{row['tokens_per_second']:.0f} | "
                  f"{number(row.get('x_baseline'), '.2f')} | "
                  f"{number(row.get('mfu'), '.1%')} | "
                  f"{number(row.get('compile_s'), '.0f')} | "

@@ -59,8 +59,26 @@ class LMTrainStep:
 
   def __call__(self, batch: dict, step: int) -> dict:
     """Runs training step `step` on `batch`; returns its metrics once computed."""
-    self.state, self.memory, metrics = self.step_fn(self.state, self.memory, batch, step)
+    return jax.block_until_ready(self._dispatch(batch, step))
+
+  def run(self, batch: dict, first_step: int, steps: int) -> dict:
+    """Runs steps `first_step ..` on `batch` as the training loop does (`training.loop.Run.
+    step`): each is dispatched before the previous one is waited for, so the host's dispatch
+    of a step overlaps the device's work on the one before; returns the last one's metrics
+    once computed. Time it over `steps` (>= 1) for the step time training sees."""
+    if steps < 1:
+      raise ValueError(f"steps must be >= 1, got {steps}")
+    in_flight = None
+    for step in range(first_step, first_step + steps):
+      metrics = self._dispatch(batch, step)
+      if in_flight is not None:
+        jax.block_until_ready(in_flight)
+      in_flight = metrics["loss"]
     return jax.block_until_ready(metrics)
+
+  def _dispatch(self, batch: dict, step: int) -> dict:
+    self.state, self.memory, metrics = self.step_fn(self.state, self.memory, batch, step)
+    return metrics
 
 
 def abba_step_times(steps: dict, batches: list, rounds: int) -> dict[str, list[float]]:

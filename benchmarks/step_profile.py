@@ -18,7 +18,8 @@ operations into `CATEGORIES` with `categorize`, a pure function of one operation
 the Python functions of its source stack, which XLA keeps in the module's `StackFrames`).
 
 - `--device`: `--warmup` steps, then `--steps` steps timed (the measured wall ms/step), then
-  `--steps` steps under `jax.profiler.trace`. Each kernel event of the step's program on the
+  `--steps` steps under `jax.profiler.trace`, each run as training runs them (the next step
+  dispatched while one computes: `LMTrainStep.run`). Each kernel event of the step's program on the
   GPU's stream lines (CUPTI's, on the `/device:GPU:0` plane; on a CPU, XLA's thunk events,
   which is how this mode is tested) names its HLO instruction (`hlo_op`); its time goes to
   that instruction's category. Prints device ms/step per category, the top kernels by name
@@ -654,13 +655,12 @@ def kernel_events(profile, module: str) -> list[KernelEvent]:
   return events
 
 
-def traced_events(run, calls: int, module: str) -> list[KernelEvent]:
-  """`kernel_events` of `calls` calls of `run()` under `jax.profiler.trace`."""
+def traced_events(run, module: str) -> list[KernelEvent]:
+  """`kernel_events` of `module` while `run()` runs under `jax.profiler.trace`."""
 
   with tempfile.TemporaryDirectory() as trace_dir:
     with jax.profiler.trace(trace_dir):
-      for i in range(calls):
-        run(i)
+      run()
     events, seen = [], []
     for path in glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True):
       profile = jax.profiler.ProfileData.from_file(path)
@@ -781,19 +781,19 @@ def summarize_device(module: HloModule, events: list[KernelEvent], steps: int,
 def device_report(train_step, batch, *, steps: int, warmup: int) -> dict:
   """The device breakdown of `train_step` (`benchmarks.lm_train_step.LMTrainStep`) on
   `batch`: compiled if it is not yet, `warmup` steps, `steps` timed steps (wall ms/step),
-  `steps` traced steps."""
+  `steps` traced steps, run as training runs them (`LMTrainStep.run`: a step is dispatched
+  while the one before computes, so the gaps between steps are the ones training has)."""
 
   if not isinstance(train_step.step_fn, jax.stages.Compiled):
     train_step.compile(batch)
   module = parse_hlo(train_step.step_fn.as_text())
   with jax.set_mesh(train_step.mesh):
-    for i in range(warmup):
-      train_step(batch, i)
+    if warmup:
+      train_step.run(batch, 0, warmup)
     start = time.perf_counter()
-    for i in range(steps):
-      train_step(batch, warmup + i)
+    train_step.run(batch, warmup, steps)
     wall_ms = (time.perf_counter() - start) * 1e3 / steps
-    events = traced_events(lambda i: train_step(batch, warmup + steps + i), steps, module.name)
+    events = traced_events(lambda: train_step.run(batch, warmup + steps, steps), module.name)
   device = jax.devices()[0]
   return {"mode": "device", "module": module.name, "device_kind": device.device_kind,
           "platform": device.platform, "warmup": warmup,
