@@ -9,7 +9,8 @@
 # Installs the bundle with pip into a fresh folder (no index, no dependencies resolved: the
 # bundle holds them, and the node's own JAX, Flax, Optax and Orbax stay as they are), puts it
 # on PYTHONPATH, prints the environment, stops if JAX sees no GPU, then runs the GPU suite and
-# the block-size sweep (not with TUNE_BUDGET_S=0); arguments after OUT_DIR go to the suite.
+# the block-size sweep (not with TUNE_BUDGET_S=0; TUNE_KERNELS=xl_attention sweeps only the
+# fused XL attention's tiles, default cvmm,xl_attention); arguments after OUT_DIR go to the suite.
 # Everything it writes lands in OUT_DIR, 8 files (6 with --smoke, which
 # runs no tests): environment.txt, gpu_offline.log, gpu_suite.json, gpu_suite.md,
 # gpu_tests.log, gpu_tests.xml, decode.json, tune_blocks.json.
@@ -36,6 +37,7 @@ mkdir -p "$2"
 out=$(cd "$2" && pwd)
 suite_budget_s=${SUITE_BUDGET_S:-330}
 tune_budget_s=${TUNE_BUDGET_S:-120}
+tune_kernels=${TUNE_KERNELS:-cvmm,xl_attention}
 python=${PYTHON:-python3}
 cd "$(dirname "$0")/.."
 
@@ -82,7 +84,8 @@ PY
 
 "$python" -m benchmarks.gpu_suite "${smoke[@]}" --out "$out" --budget_s "$suite_budget_s" "${@:3}"
 if [[ $tune_budget_s != 0 ]]; then
-  "$python" -m benchmarks.tune_blocks "${smoke[@]}" --out "$out" --budget_s "$tune_budget_s"
+  "$python" -m benchmarks.tune_blocks "${smoke[@]}" --out "$out" --budget_s "$tune_budget_s" \
+    --kernels "$tune_kernels"
 fi
 echo "done: $(ls "$out" | wc -l) files in $out"
 ls -l "$out"

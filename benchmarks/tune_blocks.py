@@ -1,14 +1,19 @@
-"""Block-size sweep of the Pallas cvmm kernels (Triton and Mosaic GPU) on a GPU.
+"""Block-size sweep of the Pallas kernels on a GPU: cvmm (Triton and Mosaic GPU) and the fused
+Transformer-XL attention (Triton).
 
-    python -m benchmarks.tune_blocks --out DIR [--budget_s 120]
+    python -m benchmarks.tune_blocks --out DIR [--budget_s 120] [--kernels cvmm,xl_attention]
         [--tokens 32768 --d_model 1024 --experts 128]
 
-Times each kernel alone (forward, input gradient, weight gradient) for the sigma-MoE up
-projection (K = d_model, N = G) and down projection (K = G, N = d_model), bf16, uniform
-random top-K routing, over a small grid of tile shapes, and reports per kernel and
-projection the default tiles' time, the best tiles and their time. Tiles that do not fit
-(shared memory, registers) fail to compile and are recorded as errors. The defaults live
-beside each kernel (`matmul_blocks`, `weight_grad_blocks`); this script only measures.
+cvmm: times each kernel alone (forward, input gradient, weight gradient) for the sigma-MoE
+up projection (K = d_model, N = G) and down projection (K = G, N = d_model), bf16, uniform
+random top-K routing. XL attention (`pallas_kernels.xl_attention`, at the WT-103 S layer:
+batch 64, 10 heads of 41 padded to 48 as the XL layer passes them, segment and memory 256,
+bf16): the forward kernel's tiles on the forward pass, and the two backward kernels' (one
+tile shape for both) on forward + backward. Each over a small grid of tile shapes; reports
+per kernel and shape the default tiles' time, the best tiles and their time. Tiles that do
+not fit (shared memory, registers) fail to compile and are recorded as errors. The defaults
+live beside each kernel (`matmul_blocks`, `weight_grad_blocks`, `xl_blocks`); this script
+only measures.
 `--budget_s` shares its seconds equally between the (kernel, projection) sweeps: a sweep
 stops starting tiles once its share has passed (the rest read "skipped: time budget"), and
 the JSON is rewritten after every sweep, so a run that is killed keeps what it measured.
@@ -30,6 +35,7 @@ import numpy as np
 from benchmarks import cvmm as cvmm_benchmark
 from pallas_kernels import mosaic_matmul, mosaic_weight_grad, slot_layout, triton_matmul
 from pallas_kernels import triton_weight_grad
+from pallas_kernels.xl_attention import XLBlocks, XLTiles, xl_attention, xl_blocks
 
 _TRITON_MATMUL = [triton_matmul.MatmulBlocks(rows, cols, inner, num_warps=4, num_stages=stages)
                   for rows, cols, inner, stages in itertools.product(
@@ -41,6 +47,10 @@ _MOSAIC_MATMUL = [mosaic_matmul.MatmulBlocks(rows, cols, 64, stages)
 _MOSAIC_WEIGHT_GRAD = [mosaic_weight_grad.WeightGradBlocks(rows_m, cols, inner, stages)
                        for rows_m, cols, inner, stages in itertools.product(
                            (64, 128), (64, 128), (64, 128), (2, 3, 4))]
+# XL attention: (q, k, warps, stages); the head's register width comes from the problem.
+_XL_FORWARD = list(itertools.product((32, 64, 128), (32, 64), (4, 8), (2, 3)))
+_XL_BACKWARD = list(itertools.product((32, 64), (32, 64), (4, 8), (2, 3)))
+KERNELS = ("cvmm", "xl_attention")
 
 
 def _parse(argv):
@@ -54,8 +64,15 @@ def _parse(argv):
   parser.add_argument("--repeats", type=int, default=10)
   parser.add_argument("--budget_s", type=float, default=None,
                       help="seconds for the whole sweep (default: no limit)")
+  parser.add_argument("--kernels", default=",".join(KERNELS),
+                      help=f"comma-separated, of {', '.join(KERNELS)}")
   parser.add_argument("--smoke", action="store_true", help="tiny shapes, CPU, 2 tiles each")
-  return parser.parse_args(argv)
+  args = parser.parse_args(argv)
+  args.kernels = args.kernels.split(",")
+  unknown = sorted(set(args.kernels) - set(KERNELS))
+  if unknown:
+    parser.error(f"--kernels: unknown {unknown}; choose from {', '.join(KERNELS)}")
+  return args
 
 
 def _problem(tokens, k, experts, size_k, size_n, seed=0):
@@ -92,12 +109,59 @@ def _kernel_calls(problem, interpret: bool) -> dict:
   }
 
 
+def _xl_problem(batch, seq_len, mem_len, heads, head_dim, seed=0) -> tuple:
+  """The XL attention's inputs (q_u, q_v, k, v, r, scale, mem_valid), bf16, memory all
+  valid."""
+  rng = np.random.default_rng(seed)
+  as_bf16 = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)
+  keys = mem_len + seq_len
+  return (as_bf16(batch, seq_len, heads, head_dim), as_bf16(batch, seq_len, heads, head_dim),
+          as_bf16(batch, keys, heads, head_dim), as_bf16(batch, keys, heads, head_dim),
+          as_bf16(keys, heads, head_dim), jnp.float32(head_dim ** -0.5), jnp.int32(mem_len))
+
+
+def _xl_calls(args: tuple, interpret: bool) -> dict:
+  """name -> (candidate tiles, fn(blocks) -> the jitted pass with those tiles): the forward
+  pass for the forward kernel's tiles, forward + backward for the backward kernels'."""
+  q_u, _, k = args[:3]
+  t, kk, d = q_u.shape[1], k.shape[1], q_u.shape[-1]
+  width = xl_blocks(t, kk, d, q_u.dtype).d
+  forward = jax.jit(lambda tiles, *a: xl_attention(*a, interpret=interpret, tiles=tiles),
+                    static_argnums=0)
+  loss = lambda *a, tiles: jnp.sum(xl_attention(*a, interpret=interpret, tiles=tiles)
+                                   .astype(jnp.float32))
+  gradient = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4)), static_argnames="tiles")
+  blocks = lambda c: XLBlocks(c[0], c[1], width, num_warps=c[2], num_stages=c[3])
+  return {
+      "xl_attention_forward": (_XL_FORWARD, lambda c: forward(
+          XLTiles(forward=c and blocks(c)), *args)),
+      "xl_attention_backward": (_XL_BACKWARD, lambda c: gradient(
+          *args, tiles=XLTiles(dkdv=c and blocks(c), dq=c and blocks(c)))),
+  }
+
+
+def _sweeps(args) -> list[tuple]:
+  """(kernel, shape name, candidates, run) of every sweep `--kernels` names."""
+  sweeps = []
+  if "cvmm" in args.kernels:
+    for projection, (size_k, size_n) in {"up": (args.d_model, args.group),
+                                         "down": (args.group, args.d_model)}.items():
+      problem = _problem(args.tokens, args.k, args.experts, size_k, size_n)
+      for name, (candidates, run) in _kernel_calls(problem, interpret=args.smoke).items():
+        sweeps.append((name, projection, candidates, run))
+  if "xl_attention" in args.kernels:
+    shape = (2, 16, 8, 2, 8) if args.smoke else (64, 256, 256, 10, 48)
+    for name, (candidates, run) in _xl_calls(_xl_problem(*shape), args.smoke).items():
+      sweeps.append((name, "wt103_s", candidates, run))
+  return sweeps
+
+
 def _sweep(candidates, run, repeats: int, deadline: float) -> list[dict]:
   """One row per candidate (None = the kernel's default tiles): ms, or the error; candidates
   not started by `deadline` (time.monotonic()) are recorded as skipped."""
   rows = []
   for blocks in [None, *candidates]:
-    row = {"blocks": "default" if blocks is None else vars(blocks)}
+    row = {"blocks": "default" if blocks is None else _describe(blocks)}
     if time.monotonic() > deadline:
       row["error"] = "skipped: time budget"
       rows.append(row)
@@ -110,6 +174,13 @@ def _sweep(candidates, run, repeats: int, deadline: float) -> list[dict]:
     rows.append(row)
     print(f"  {row}", file=sys.stderr)
   return rows
+
+
+def _describe(blocks):
+  """A candidate as JSON: a blocks dataclass's fields, or an XL (q, k, warps, stages)."""
+  if isinstance(blocks, tuple):
+    return dict(zip(("q", "k", "num_warps", "num_stages"), blocks))
+  return vars(blocks)
 
 
 def _summary(name, projection, rows) -> dict:
@@ -137,24 +208,21 @@ def main(argv=None) -> list[dict]:
     args.tokens, args.d_model, args.group, args.k, args.experts, args.repeats = 48, 64, 64, 2, 4, 1
   elif jax.default_backend() != "gpu":
     sys.exit("no GPU found: run with --smoke to check the sweep on CPU")
-  projections = {"up": (args.d_model, args.group), "down": (args.group, args.d_model)}
   os.makedirs(args.out, exist_ok=True)
   meta = {"device": jax.devices()[0].device_kind, "jax": jax.__version__,
-          "argv": argv or sys.argv[1:], "budget_s": args.budget_s,
+          "argv": argv or sys.argv[1:], "budget_s": args.budget_s, "kernels": args.kernels,
           "shapes": {k: getattr(args, k) for k in ("tokens", "d_model", "group", "k", "experts")}}
-  start, num_sweeps = time.monotonic(), len(projections) * len(_kernel_calls({}, False))
+  start, sweeps = time.monotonic(), _sweeps(args)
   summaries, details = [], {}
-  for projection, (size_k, size_n) in projections.items():
-    problem = _problem(args.tokens, args.k, args.experts, size_k, size_n)
-    for name, (candidates, run) in _kernel_calls(problem, interpret=args.smoke).items():
-      print(f"tune_blocks: {name} {projection} (K {size_k}, N {size_n})", file=sys.stderr)
-      share = (len(summaries) + 1) / num_sweeps
-      deadline = math.inf if args.budget_s is None else start + share * args.budget_s
-      rows = _sweep(candidates[:2] if args.smoke else candidates, run, args.repeats, deadline)
-      details[f"{name}/{projection}"] = rows
-      summaries.append(_summary(name, projection, rows))
-      with open(os.path.join(args.out, "tune_blocks.json"), "w") as f:
-        json.dump({"meta": meta, "summary": summaries, "details": details}, f, indent=1)
+  for name, shape, candidates, run in sweeps:
+    print(f"tune_blocks: {name} {shape}", file=sys.stderr)
+    share = (len(summaries) + 1) / len(sweeps)
+    deadline = math.inf if args.budget_s is None else start + share * args.budget_s
+    rows = _sweep(candidates[:2] if args.smoke else candidates, run, args.repeats, deadline)
+    details[f"{name}/{shape}"] = rows
+    summaries.append(_summary(name, shape, rows))
+    with open(os.path.join(args.out, "tune_blocks.json"), "w") as f:
+      json.dump({"meta": meta, "summary": summaries, "details": details}, f, indent=1)
   print(_markdown(summaries))
   return summaries
 

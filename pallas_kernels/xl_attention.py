@@ -105,6 +105,18 @@ def xl_blocks(t: int, k: int, head_dim: int, dtype, kernel: str = "forward") -> 
   return XLBlocks(q=q, k=kb, d=d, num_warps=8 if wide else 4)
 
 
+@dataclasses.dataclass(frozen=True)
+class XLTiles:
+  """Tiles of each kernel ("forward", "dkdv", "dq"); None takes `xl_blocks`' rule. For
+  sweeps (`benchmarks/tune_blocks.py`); the model runs the rule."""
+  forward: XLBlocks | None = None
+  dkdv: XLBlocks | None = None
+  dq: XLBlocks | None = None
+
+  def of(self, kernel: str, t: int, k: int, head_dim: int, dtype) -> XLBlocks:
+    return getattr(self, kernel) or xl_blocks(t, k, head_dim, dtype, kernel)
+
+
 def use_fused(impl: str, attn_dropout: float) -> bool:
   """Whether the XL attention runs the fused kernels for `impl` (`XL_IMPLS`; the grouped
   matmul impls of `pallas_kernels.IMPLS` other than pallas and auto mean the XLA path) and the
@@ -415,10 +427,10 @@ def _position_scores(q_v, r, dims: _Dims):
   return position.reshape(-1)
 
 
-def _forward(q_u, q_v, k, v, r, scale, mem_valid, interpret):
+def _forward(q_u, q_v, k, v, r, scale, mem_valid, interpret, tiles: XLTiles):
   b, t, h, d = q_u.shape
   kk = k.shape[1]
-  dims = _Dims(b, t, kk, h, d, xl_blocks(t, kk, d, q_u.dtype), q_u.dtype, interpret)
+  dims = _Dims(b, t, kk, h, d, tiles.of("forward", t, kk, d, q_u.dtype), q_u.dtype, interpret)
   scale_1, mem_valid_1 = _scalars(scale, mem_valid, kk - t)
   position = _position_scores(q_v, r, dims)
   out, lse = _call(
@@ -430,25 +442,22 @@ def _forward(q_u, q_v, k, v, r, scale, mem_valid, interpret):
   return out.reshape(b, t, h, d), (lse, out)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
-def _xl_attention(q_u, q_v, k, v, r, scale, mem_valid, interpret):
-  return _forward(q_u, q_v, k, v, r, scale, mem_valid, interpret)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
+def _xl_attention(q_u, q_v, k, v, r, scale, mem_valid, interpret, tiles):
+  return _forward(q_u, q_v, k, v, r, scale, mem_valid, interpret, tiles)[0]
 
 
-def _xl_attention_fwd(q_u, q_v, k, v, r, scale, mem_valid, interpret):
-  out, (lse, out2) = _forward(q_u, q_v, k, v, r, scale, mem_valid, interpret)
+def _xl_attention_fwd(q_u, q_v, k, v, r, scale, mem_valid, interpret, tiles):
+  out, (lse, out2) = _forward(q_u, q_v, k, v, r, scale, mem_valid, interpret, tiles)
   return out, (q_u, q_v, k, v, r, scale, mem_valid, lse, out2)
 
 
-def _xl_attention_bwd(interpret, residuals, dout):
+def _xl_attention_bwd(interpret, tiles, residuals, dout):
   q_u, q_v, k, v, r, scale, mem_valid, lse, out = residuals
   b, t, h, d = q_u.shape
   kk = k.shape[1]
-  dims = _Dims(b, t, kk, h, d, xl_blocks(t, kk, d, q_u.dtype, "dkdv"), q_u.dtype, interpret)
-  # The same tiles (the dq kernel writes dP in its layout), its own warps.
-  dq_dims = _Dims(b, t, kk, h, d, dataclasses.replace(
-      dims.blocks, num_warps=xl_blocks(t, kk, d, q_u.dtype, "dq").num_warps), q_u.dtype,
-      interpret)
+  dims = _Dims(b, t, kk, h, d, tiles.of("dkdv", t, kk, d, q_u.dtype), q_u.dtype, interpret)
+  dq_dims = _Dims(b, t, kk, h, d, tiles.of("dq", t, kk, d, q_u.dtype), q_u.dtype, interpret)
   position = _position_scores(q_v, r, dims)
   scale_1, mem_valid_1 = _scalars(scale, mem_valid, kk - t)
   dout = dout.astype(q_u.dtype)
@@ -463,9 +472,9 @@ def _xl_attention_bwd(interpret, residuals, dout):
       (jax.ShapeDtypeStruct((b * kk, h * d), jnp.float32),
        jax.ShapeDtypeStruct((b * kk, h * d), jnp.float32)), interpret, *args)
   dq_raw, dp_raw = _call(
-      _dq_kernel, "xl_attention_dq", dq_dims, (pl.cdiv(t, dims.blocks.q), b * h),
+      _dq_kernel, "xl_attention_dq", dq_dims, (pl.cdiv(t, dq_dims.blocks.q), b * h),
       (jax.ShapeDtypeStruct((b * t, h * d), jnp.float32),
-       jax.ShapeDtypeStruct((b * h * t, dims.dp_width), q_u.dtype)), interpret, *args)
+       jax.ShapeDtypeStruct((b * h * t, dq_dims.dp_width), q_u.dtype)), interpret, *args)
   dp_raw = dp_raw[:, :kk].reshape(h, b * t, kk)  # [H, B T, K] as P.
   dq_v_raw = jnp.einsum("hnk,hkc->hnc", dp_raw, jnp.swapaxes(r, 0, 1),
                         preferred_element_type=jnp.float32, precision=dot_precision(r.dtype))
@@ -488,10 +497,11 @@ _xl_attention.defvjp(_xl_attention_fwd, _xl_attention_bwd)
 
 
 def xl_attention(q_u: jax.Array, q_v: jax.Array, k: jax.Array, v: jax.Array, r: jax.Array,
-                 scale, mem_valid, *, interpret: bool | None = None) -> jax.Array:
+                 scale, mem_valid, *, interpret: bool | None = None,
+                 tiles: XLTiles = XLTiles()) -> jax.Array:
   """The fused XL attention (module docstring); differentiable in q_u, q_v, k, v, r and a
   traced scale. interpret: None runs the Triton kernels when tracing for a GPU, interpret
-  mode elsewhere."""
+  mode elsewhere; tiles: each kernel's, by default `xl_blocks`' rule."""
   if interpret is None:
     interpret = not backends.targets_gpu()
   if not isinstance(scale, jax.Array):
@@ -500,7 +510,8 @@ def xl_attention(q_u: jax.Array, q_v: jax.Array, k: jax.Array, v: jax.Array, r: 
   head_dim = q_u.shape[-1]
   width = aligned_width(head_dim, q_u.dtype)
   if width == head_dim:
-    return _xl_attention(q_u, q_v, k, v, r, scale, mem_valid, interpret)
+    return _xl_attention(q_u, q_v, k, v, r, scale, mem_valid, interpret, tiles)
   pad = lambda x: jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - head_dim)])
-  out = _xl_attention(pad(q_u), pad(q_v), pad(k), pad(v), pad(r), scale, mem_valid, interpret)
+  out = _xl_attention(pad(q_u), pad(q_v), pad(k), pad(v), pad(r), scale, mem_valid, interpret,
+                      tiles)
   return out[..., :head_dim]

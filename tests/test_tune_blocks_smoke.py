@@ -15,15 +15,27 @@ def test_sweep_reports_the_best_tiles_and_records_failures(tmp_path):
   assert saved["summary"] == summaries
   assert {(s["kernel"], s["projection"]) for s in summaries} == {
       (k, p) for k in ("triton_forward", "triton_weight_grad", "mosaic_forward",
-                       "mosaic_input_grad", "mosaic_weight_grad") for p in ("up", "down")}
+                       "mosaic_input_grad", "mosaic_weight_grad") for p in ("up", "down")} | {
+      ("xl_attention_forward", "wt103_s"), ("xl_attention_backward", "wt103_s")}
   for s in summaries:
     rows = saved["details"][f"{s['kernel']}/{s['projection']}"]
-    if s["kernel"].startswith("triton"):  # Interpret mode runs every candidate.
+    if not s["kernel"].startswith("mosaic"):  # Interpret mode runs every candidate.
       times = [r["ms"] for r in rows]
       assert s["failed"] == 0 and s["default_ms"] == times[0] and s["best_ms"] == min(times)
     else:  # Mosaic GPU has no interpret mode: every candidate is a recorded error.
       assert s["failed"] == s["tried"] == len(rows) and s["best_ms"] is None
       assert all("error" in r for r in rows)
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="the CPU smoke run")
+def test_the_xl_sweep_alone_names_its_tiles(tmp_path):
+  summaries = tune_blocks.main(["--smoke", "--kernels", "xl_attention", "--out", str(tmp_path)])
+  assert [s["kernel"] for s in summaries] == ["xl_attention_forward", "xl_attention_backward"]
+  rows = json.loads((tmp_path / "tune_blocks.json").read_text())["details"][
+      "xl_attention_backward/wt103_s"]
+  assert rows[1]["blocks"] == {"q": 32, "k": 32, "num_warps": 4, "num_stages": 2}
+  with pytest.raises(SystemExit):
+    tune_blocks.main(["--smoke", "--kernels", "cvmm,flash", "--out", str(tmp_path)])
 
 
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="the CPU smoke run")

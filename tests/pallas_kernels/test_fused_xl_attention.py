@@ -15,7 +15,8 @@ from flax import nnx
 
 from configs import default
 from pallas_kernels import backends
-from pallas_kernels.xl_attention import XL_IMPLS, use_fused, xl_attention, xl_blocks
+from pallas_kernels.xl_attention import (XL_IMPLS, XLBlocks, XLTiles, use_fused, xl_attention,
+                                         xl_blocks)
 from sparse_jax.layers.xl_attention import RelativeMultiHeadAttention, attend_relative
 from sparse_jax.models.lm import TransformerLM
 from sparse_jax.models.lm_config import validate_model_config
@@ -60,6 +61,23 @@ SHAPES = [(2, 5, 3, 2, 7, 2), (1, 40, 24, 2, 41, 11), (1, 37, 20, 1, 9, 0), (2, 
 def test_fused_equals_the_xla_path_in_values_and_gradients(b, t, m, h, d, mem_valid):
   args = (*_inputs(b, t, m, h, d), jnp.float32(0.3))
   out, grads = _value_and_grads(_fused, args, mem_valid)
+  ref_out, ref_grads = _value_and_grads(_xla, args, mem_valid)
+  np.testing.assert_allclose(out, ref_out, atol=2e-5, rtol=1e-5)
+  for name, got, want in zip(("q_u", "q_v", "k", "v", "r", "scale"), grads, ref_grads):
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4, err_msg=name)
+
+
+def test_any_tiles_give_the_same_values_and_gradients():
+  """The sweep's tiles (`XLTiles`, each kernel its own, unlike the rule's) change nothing but
+  speed: every kernel tiled otherwise than the rule, against the XLA path."""
+  b, t, m, h, d, mem_valid = 1, 40, 24, 2, 41, 11
+  tiles = XLTiles(forward=XLBlocks(q=16, k=32, d=64), dkdv=XLBlocks(q=32, k=16, d=64),
+                  dq=XLBlocks(q=16, k=16, d=64))
+  assert all(getattr(tiles, kernel) != xl_blocks(t, m + t, d, jnp.float32, kernel)
+             for kernel in ("forward", "dkdv", "dq"))
+  args = (*_inputs(b, t, m, h, d, seed=3), jnp.float32(0.3))
+  tiled = lambda *a, mem_valid: xl_attention(*a, mem_valid, tiles=tiles)
+  out, grads = _value_and_grads(tiled, args, mem_valid)
   ref_out, ref_grads = _value_and_grads(_xla, args, mem_valid)
   np.testing.assert_allclose(out, ref_out, atol=2e-5, rtol=1e-5)
   for name, got, want in zip(("q_u", "q_v", "k", "v", "r", "scale"), grads, ref_grads):
