@@ -1,7 +1,8 @@
 """Every GPU measurement in one command, meant to fit in 8 minutes on an H100 (GPU time is scarce).
 
     python -m benchmarks.gpu_suite --out DIR [--budget_s 420] [--blocked] [--parts=tests,training]
-        [--tests=PATH,...] [--training=sigma_moe,xla_attention,switchhead,moeut,scan_layers,...]
+        [--tests=PATH,...] [--training=sigma_moe,xla_attention,switchhead,moeut,scan_layers,
+                            scan_layers_moeut,cudnn_attention]
         [--parts=quality --quality_data=DIR [--quality="ARGS"]]
     python -m benchmarks.gpu_suite --smoke --out DIR     # tiny shapes on CPU: checks the suite
 
@@ -450,6 +451,7 @@ def cvmm_part(scale: Scale, budget: Budget, impls: list[str], save) -> dict:
 # SwitchHead paper's WT-103 S trio, MoEUT's 44M pair.
 XLA_ATTENTION = {"attention_impl": "xla"}  # model fields a row sets over its config's
 SCANNED = {"scan_layers": True}
+CUDNN = {"attention_core": "cudnn"}
 TRAINING = {
     "sigma_moe": (("dense wt103_s", wt103_s_dense, None),
                   ("sigma_moe wt103_s", sigma_moe_paper, "wt103_s")),
@@ -470,6 +472,11 @@ TRAINING = {
                     ("sigma_moe wt103_s scanned", sigma_moe_paper, "wt103_s", SCANNED)),
     "scan_layers_moeut": (("dense 44m unrolled", moeut_paper, "44m,dense"),
                           ("moeut 44m scanned", moeut_paper, "44m,moeut", SCANNED)),
+    # MoEUT and its dense baseline with cuDNN's fused causal attention (heads of 82 and 41
+    # padded to 88 and 48) against MoEUT on the XLA core (issue 60's MoEUT goal).
+    "cudnn_attention": (("moeut 44m xla core", moeut_paper, "44m,moeut"),
+                        ("moeut 44m cudnn", moeut_paper, "44m,moeut", CUDNN),
+                        ("dense 44m cudnn", moeut_paper, "44m,dense", CUDNN)),
 }
 
 
@@ -565,6 +572,7 @@ def training_part(scale: Scale, budget: Budget, comparisons: list[str],
            "seq_len": config.data.seq_len, "dtype": config.model.dtype,
            "ff": config.model.ff.to_dict(), "attention": config.model.get("attention", "xl"),
            "attention_impl": config.model.get("attention_impl", "auto"),
+           "attention_core": config.model.get("attention_core", "auto"),
            "scan_layers": config.model.get("scan_layers", False), "status": "ok"}
     rows.append(row)
     if key in timed:

@@ -2,6 +2,7 @@
 
 import jax
 import numpy as np
+import pytest
 
 from benchmarks.lm_train_step import LMTrainStep, abba_step_times
 from benchmarks.routing_health_cost import bench_config
@@ -35,3 +36,20 @@ def test_steps_train_their_own_state_from_the_same_seed():
     for step in (1, 2, 3):
       trained(batch, step)
     assert float(trained(batch, 4)["loss"]) < float(fresh(batch, 1)["loss"])
+
+
+def test_run_keeps_one_step_in_flight_and_trains_as_single_steps_do():
+  """`run` (steps dispatched as the training loop does) ends where as many waited-for steps
+  end: the same last loss, and the same next one."""
+  config = bench_config("tiny")
+  mesh = parallel.make_mesh([1, 1, 1])
+  with jax.set_mesh(mesh):
+    piped, single = LMTrainStep(config, mesh), LMTrainStep(config, mesh)
+    batch = piped.random_batch(np.random.default_rng(0))
+    last = piped.run(batch, 0, 3)
+    for step in range(3):
+      want = single(batch, step)
+    assert float(last["loss"]) == float(want["loss"])
+    assert float(piped(batch, 3)["loss"]) == float(single(batch, 3)["loss"])
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+      piped.run(batch, 4, 0)

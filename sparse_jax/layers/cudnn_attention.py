@@ -13,7 +13,9 @@ kept for the backward). Rotary positions rotate q and k before the call, so they
 
 cuDNN's conditions, checked here: bfloat16 or float16 q, k, v (`model.dtype="bfloat16"`), a
 head dim that is a multiple of 8 and at most 128, and no attention dropout (the public API
-has none).
+has none). Other head dims up to 128 get zero channels up to the next multiple of 8 (the
+MoEUT paper's 41 and 82 -> 48 and 88) and the scale of their own width, 1/sqrt(Dh): the
+zeros add nothing to q . k, and the output's extra channels, zero, are dropped.
 
 `model.attention_core` (`CORES`) picks the core of the causal kinds: "xla" the scores in
 memory, "cudnn" this call, "auto" the XLA path until the cuDNN path has run on a GPU (its
@@ -22,7 +24,10 @@ numerics cannot be checked on a CPU; the XL kinds pick their core with
 has no `[T, T]` scores.
 """
 
+import math
+
 import jax
+import jax.numpy as jnp
 
 CORES = ("auto", "xla", "cudnn")
 CUDNN_DTYPES = ("bfloat16", "float16")
@@ -30,10 +35,16 @@ CUDNN_HEAD_DIM_MULTIPLE = 8
 CUDNN_MAX_HEAD_DIM = 128
 
 
+def cudnn_head_width(head_dim: int) -> int:
+  """The width heads of `head_dim` channels reach cuDNN with: the next multiple of 8."""
+  return -(-head_dim // CUDNN_HEAD_DIM_MULTIPLE) * CUDNN_HEAD_DIM_MULTIPLE
+
+
 def cudnn_head_dim_ok(head_dim: int) -> bool:
-  """Whether cuDNN's fused attention takes heads of `head_dim` channels (on every GPU:
-  Hopper with cuDNN >= 9.5 also takes 256, which this does not rely on)."""
-  return head_dim % CUDNN_HEAD_DIM_MULTIPLE == 0 and head_dim <= CUDNN_MAX_HEAD_DIM
+  """Whether heads of `head_dim` channels, padded to `cudnn_head_width`, fit cuDNN's fused
+  attention (at most 128 on every GPU: Hopper with cuDNN >= 9.5 also takes 256, which this
+  does not rely on)."""
+  return cudnn_head_width(head_dim) <= CUDNN_MAX_HEAD_DIM
 
 
 def check_core(core: str, head_dim: int, attn_dropout: float) -> None:
@@ -44,9 +55,8 @@ def check_core(core: str, head_dim: int, attn_dropout: float) -> None:
   if core != "cudnn":
     return
   if not cudnn_head_dim_ok(head_dim):
-    raise ValueError(f"attention_core='cudnn' needs a head dim that is a multiple of "
-                     f"{CUDNN_HEAD_DIM_MULTIPLE} and at most {CUDNN_MAX_HEAD_DIM}, got "
-                     f"{head_dim}; use attention_core='xla'")
+    raise ValueError(f"attention_core='cudnn' needs a head dim of at most "
+                     f"{CUDNN_MAX_HEAD_DIM}, got {head_dim}; use attention_core='xla'")
   if attn_dropout > 0:
     raise ValueError(f"attention_core='cudnn' has no attention dropout: set attn_dropout=0 "
                      f"(got {attn_dropout}) or attention_core='xla'")
@@ -55,10 +65,16 @@ def check_core(core: str, head_dim: int, attn_dropout: float) -> None:
 def attend_cudnn(q_bthc: jax.Array, k_bthc: jax.Array, v_bthc: jax.Array,
                  implementation: str = "cudnn") -> jax.Array:
   """Causal `softmax(q k^T / sqrt(Dh)) v`, `[B, T, H, Dh]` in q's dtype, by cuDNN's fused
-  kernels (a ValueError for a dtype they do not take). `implementation="xla"` runs JAX's
-  XLA version of the same call instead: the CPU tests' stand-in for the GPU-only kernels."""
+  kernels (a ValueError for a dtype they do not take), heads padded to `cudnn_head_width`
+  (module docstring). `implementation="xla"` runs JAX's XLA version of the same call
+  instead: the CPU tests' stand-in for the GPU-only kernels."""
   if implementation == "cudnn" and q_bthc.dtype.name not in CUDNN_DTYPES:
     raise ValueError(f"attention_core='cudnn' needs q, k, v in one of {CUDNN_DTYPES} "
                      f"(model.dtype='bfloat16'), got {q_bthc.dtype.name}")
-  return jax.nn.dot_product_attention(q_bthc, k_bthc, v_bthc, is_causal=True,
-                                      implementation=implementation)
+  head_dim = q_bthc.shape[-1]
+  width = cudnn_head_width(head_dim)
+  pad = lambda x: jnp.pad(x, ((0, 0),) * 3 + ((0, width - head_dim),))
+  out_bthc = jax.nn.dot_product_attention(pad(q_bthc), pad(k_bthc), pad(v_bthc),
+                                          scale=1 / math.sqrt(head_dim), is_causal=True,
+                                          implementation=implementation)
+  return out_bthc[..., :head_dim]

@@ -195,9 +195,8 @@ class LMConfig(ModelConfig):
                        f"one of {cudnn_attention.CUDNN_DTYPES} with {path}.attention_core="
                        "'cudnn'", self.dtype)
     validation.require(cudnn_attention.cudnn_head_dim_ok(head_dim_of(self)), f"{path}.head_dim",
-                       f"a multiple of {cudnn_attention.CUDNN_HEAD_DIM_MULTIPLE} and at most "
-                       f"{cudnn_attention.CUDNN_MAX_HEAD_DIM} with {path}.attention_core='cudnn'",
-                       head_dim_of(self))
+                       f"at most {cudnn_attention.CUDNN_MAX_HEAD_DIM} with "
+                       f"{path}.attention_core='cudnn'", head_dim_of(self))
     validation.require(self.attn_dropout == 0, f"{path}.attn_dropout",
                        f"0 with {path}.attention_core='cudnn' (cuDNN's fused attention has no "
                        "attention dropout here)", self.attn_dropout)

@@ -29,22 +29,22 @@ _CUDNN_CALLS = ('custom_call_target="__cudnn$fmhaSoftmax"',
 _SWITCHHEAD = {"attention_experts": 4, "attention_k": 2}
 
 
-def _model_config(attention: str, core: str):
+def _model_config(attention: str, core: str, head_dim: int = DH):
   cfg = default.get_config().model
-  cfg.update(d_model=D, n_layers=2, n_heads=H, head_dim=DH, vocab_size=V, mem_len=0,
+  cfg.update(d_model=D, n_layers=2, n_heads=H, head_dim=head_dim, vocab_size=V, mem_len=0,
              dropout=0.0, dtype="bfloat16", attention=attention, attention_core=core,
              **(_SWITCHHEAD if attention == "switchhead" else {}))
   cfg.ff.update(n_experts=4, expert_size=64, k=2, expert_dropout=0.0)
   return cfg
 
 
-def _compile_grads(attention: str, core: str):
+def _compile_grads(attention: str, core: str, head_dim: int = DH):
   """The compiled gradient of the LM's summed logits in its parameters, for one H100."""
   target = targets.parse_target("h100")
   mesh = targets.one_device_mesh(target)
   sharding = NamedSharding(mesh, P())
-  graphdef, params, rest = nnx.split(TransformerLM(_model_config(attention, core),
-                                                   rngs=nnx.Rngs(0)), nnx.Param, ...)
+  graphdef, params, rest = nnx.split(
+      TransformerLM(_model_config(attention, core, head_dim), rngs=nnx.Rngs(0)), nnx.Param, ...)
 
   def loss(params, rest, tokens_bt):
     logits_btv = nnx.merge(graphdef, params, rest)(tokens_bt)[0]
@@ -69,9 +69,10 @@ def _score_tensors(hlo: str) -> list[str]:
 
 
 @needs_gpu
-@pytest.mark.parametrize("attention", ["causal", "switchhead"])
-def test_the_cudnn_core_compiles_for_an_h100_without_scores_in_memory(attention):
-  hlo = _compile_grads(attention, "cudnn").as_text()
+@pytest.mark.parametrize("attention, head_dim", [("causal", DH), ("switchhead", DH),
+                                                 ("causal", 42)])  # 42: padded to 48
+def test_the_cudnn_core_compiles_for_an_h100_without_scores_in_memory(attention, head_dim):
+  hlo = _compile_grads(attention, "cudnn", head_dim).as_text()
   for call in _CUDNN_CALLS:
     assert call in hlo, f"{call} missing"
   assert not _score_tensors(hlo), _score_tensors(hlo)

@@ -43,7 +43,10 @@ def _xla_path(q, k, v):
   return attend(q, k, v, causal_mask(q.shape[1]), nnx.Dropout(0.0, rngs=nnx.Rngs(0)))
 
 
-@pytest.mark.parametrize("b, t, h, d", [(2, 5, 2, 8), (1, 37, 3, 16), (2, 64, 1, 128)])
+# Head dims that are not a multiple of 8 (41, the MoEUT paper's 44M dense heads; 82, its
+# SwitchHead heads; 5) are padded with zero channels inside the call.
+@pytest.mark.parametrize("b, t, h, d", [(2, 5, 2, 8), (1, 37, 3, 16), (2, 64, 1, 128),
+                                        (1, 19, 2, 41), (1, 9, 1, 82), (2, 6, 2, 5)])
 def test_the_fused_call_equals_the_xla_path(b, t, h, d):
   qkv = _qkv(b, t, h, d)
   out, grads = _value_and_grads(_XLA_STAND_IN, qkv)
@@ -118,7 +121,7 @@ def test_the_fused_call_refuses_float32():
 
 @pytest.mark.parametrize("core, head_dim, attn_dropout, match", [
     ("flash", 16, 0.0, "attention_core must be one of"),
-    ("cudnn", 12, 0.0, "multiple of 8"),
+    ("cudnn", 130, 0.0, "at most 128"),
     ("cudnn", 136, 0.0, "at most 128"),
     ("cudnn", 16, 0.1, "attn_dropout=0"),
 ])
@@ -136,7 +139,7 @@ def test_the_layers_refuse_what_cudnn_does_not_run(core, head_dim, attn_dropout,
 @pytest.mark.parametrize("overrides, field", [
     ({"attention_core": "flash"}, "model.attention_core"),
     ({"dtype": "float32"}, "model.dtype"),
-    ({"head_dim": 12}, "model.head_dim"),
+    ({"head_dim": 130}, "model.head_dim"),
     ({"head_dim": 136}, "model.head_dim"),
     ({"attn_dropout": 0.1}, "model.attn_dropout"),
     ({"attention": "xl", "mem_len": 4}, "model.attention_core"),
@@ -151,6 +154,7 @@ def test_bad_attention_core_configs_name_the_field(overrides, field):
 def test_attention_core_configs_validate():
   for core in cudnn_attention.CORES:
     validate_model_config(_lm_config(attention_core=core))
+    validate_model_config(_lm_config(attention_core=core, head_dim=41))  # padded to 48
   for core in ("auto", "xla"):
     validate_model_config(_lm_config(attention_core=core, dtype="float32", head_dim=12,
                                      attn_dropout=0.1))
