@@ -14,6 +14,7 @@ from absl import app, flags, logging
 
 from sparse_jax.tasks.classification import HiddenLabelsError
 from sparse_jax.tasks.runs import evaluate_checkpoint
+from sparse_jax.training import compilation_cache
 from sparse_jax.training.checkpointing import NoCheckpointError
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints/.",
@@ -23,11 +24,14 @@ _SPLIT = flags.DEFINE_enum("split", "validation", ["validation", "test", "train"
                           "Split to evaluate.")
 _MAX_BATCHES = flags.DEFINE_integer("max_batches", None,
                                     "Evaluate only the first N segments (default: all).")
+_COMPILATION_CACHE = flags.DEFINE_string(
+    "compilation_cache", compilation_cache.default_directory(), compilation_cache.FLAG_HELP)
 
 
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
+  compilation_cache.use_compilation_cache(_COMPILATION_CACHE.value)
   try:
     results, path = evaluate_checkpoint(_WORKDIR.value, step=_STEP.value, split=_SPLIT.value,
                                         max_batches=_MAX_BATCHES.value)

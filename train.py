@@ -29,7 +29,7 @@ from sparse_jax.config_overrides import switch_kinds
 from sparse_jax.data.sources import BadSourceError
 from sparse_jax.tasks import task_for, train_and_evaluate
 from sparse_jax.tasks.seed_runs import SUMMARY_FILE, run_seeds
-from sparse_jax.training import distributed
+from sparse_jax.training import compilation_cache, distributed
 from sparse_jax.training.checkpointing import CheckpointRestoreError, CheckpointWriteError
 from sparse_jax.training.compile_only import DoesNotFitError, compile_task
 from sparse_jax.training.loop import NonFiniteLossError, format_metrics, run_task
@@ -82,6 +82,8 @@ _COMPILE_ONLY = flags.DEFINE_string(
     "Compile the training and evaluation steps for TARGET on this machine, without data or "
     "devices, print the memory per device and exit: h100, h200, a100 (':N' GPUs, ':HxN' "
     "hosts x GPUs), v5e, v5p, v6e (':2x2' a TPU topology). Needs the compile extra.")
+_COMPILATION_CACHE = flags.DEFINE_string(
+    "compilation_cache", compilation_cache.default_directory(), compilation_cache.FLAG_HELP)
 _DISTRIBUTED = flags.DEFINE_bool(
     "distributed", False,
     "Join a multi-process job that JAX detects itself (SLURM, Open MPI, Kubernetes, TPU).")
@@ -112,6 +114,7 @@ def main(argv):
   switch_kinds(_CONFIG.value, config_flags.get_override_values(flags.FLAGS["config"]))
   logging.set_verbosity(logging.WARNING)
   workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
+  compilation_cache.use_compilation_cache(_COMPILATION_CACHE.value)
   if _COMPILE_ONLY.value:
     _compile_only(_COMPILE_ONLY.value)
     return

@@ -28,8 +28,11 @@ def test_train_then_eval_from_the_command_line(stdlib_slice, tmp_path):
       "--config.eval.mem_len=32", "--config.eval.max_batches=2", *ONE_DEVICE]
   trained = train_and_evaluate(cli_config("--config=configs/default.py", *overrides), workdir)
   assert trained["step"] == 4 and trained["bits_per_byte"] > 0
-  evaluated = run(["eval.py", f"--workdir={workdir}", "--split=train", "--max_batches=3"])
+  cache = tmp_path / "compilation_cache"
+  evaluated = run(["eval.py", f"--workdir={workdir}", "--split=train", "--max_batches=3",
+                   f"--compilation_cache={cache}"])
   assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+  assert any(cache.iterdir())  # the evaluation step, compiled once, kept for the next run
   with open(os.path.join(workdir, "eval_train_4.json")) as f:
     results = json.load(f)
   assert results["step"] == 4 and results["tokens"] == 3 * 2 * 16
