@@ -45,10 +45,12 @@ def _compile(target_name: str, op: str):
 
 
 def _slot_row_copies(hlo: str) -> list[str]:
-  """Gathers producing bf16 rows of d_model for every slot: copies of x or of dy (the
-  kernels' outputs, gathered back to slots, are float32)."""
-  pattern = rf"= bf16\[{N * K},(1,)?{D}\]\{{[^}}]*\}} gather\("
-  return [line for line in hlo.splitlines() if re.search(pattern, line)]
+  """Gathers producing bf16 rows of d_model for every slot from an [N, d_model] source:
+  copies of x or of dy (not the kernels' [N k, d_model] outputs gathered back to tokens)."""
+  shapes = dict(re.findall(r"%([\w.\-]+) = (\w+\[[\d,]*\])", hlo))
+  pattern = rf"= bf16\[{N * K},(1,)?{D}\]\{{[^}}]*\}} gather\(%([\w.\-]+)"
+  return [line for line in hlo.splitlines()
+          if (match := re.search(pattern, line)) and shapes.get(match[2]) == f"bf16[{N},{D}]"]
 
 
 @needs_gpu
@@ -69,3 +71,13 @@ def test_the_gathering_kernels_compile_without_copies_of_token_rows(target_name,
   assert len(_slot_row_copies(copying.as_text())) >= 2  # x (fwd and bwd), dy: the search works.
   one_copy = N * K * D * jnp.dtype(jnp.bfloat16).itemsize
   assert temp + one_copy <= memory.MemoryUse.of(copying).temporary
+
+
+@needs_gpu
+def test_the_moe_layer_keeps_no_float32_rows_of_d_model():
+  """expert_mlp's down projection and input gradient write their [N k, d_model] rows in the
+  compute dtype (summed over the k slots in float32 afterwards): no float32 tensor of that
+  size is in the bf16 program, where it held two (the O(T k d) temporaries of issue 59)."""
+  hlo = _compile("h100", "expert_mlp").as_text()
+  assert not re.findall(rf"f32\[{N * K},(?:1,)?{D}\]", hlo)
+  assert re.findall(rf"bf16\[{N * K},(?:1,)?{D}\]", hlo)  # those rows, in bf16
