@@ -114,6 +114,7 @@ class XLTiles:
   dq: XLBlocks | None = None
 
   def of(self, kernel: str, t: int, k: int, head_dim: int, dtype) -> XLBlocks:
+    """`kernel`'s tiles: the ones given, else the rule's for this problem."""
     return getattr(self, kernel) or xl_blocks(t, k, head_dim, dtype, kernel)
 
 
