@@ -544,6 +544,13 @@ def base_name(name: str) -> str:
 
 # Deviceless: the floor of each category.
 
+def floor_seconds(cost: Cost, peaks) -> float:
+  """A launch's roofline floor: max(FLOPs / the peak of its operands' width, bytes / HBM
+  bandwidth), against `peaks` (`roofline.DevicePeaks`)."""
+  dtype = "bfloat16" if cost.narrow else "float32"
+  return max(cost.flops / (peaks.tflops[dtype] * 1e12), cost.bytes / (peaks.hbm_tb_s * 1e12))
+
+
 def deviceless_rows(module: HloModule, peaks) -> tuple[list[dict], list[str]]:
   """One row per launch: name, opcode, category, launches per step, FLOPs, bytes, floor (s);
   and the while loops whose trip count XLA did not know."""
@@ -552,8 +559,7 @@ def deviceless_rows(module: HloModule, peaks) -> tuple[list[dict], list[str]]:
   for inst, times in launches(module, unknown_trips=unknown):
     cost = launch_cost(module, inst)
     op = module.op(inst)
-    dtype = "bfloat16" if cost.narrow else "float32"
-    floor_s = max(cost.flops / (peaks.tflops[dtype] * 1e12), cost.bytes / (peaks.hbm_tb_s * 1e12))
+    floor_s = floor_seconds(cost, peaks)
     rows.append({"name": inst.name, "opcode": inst.opcode, "target": op.target,
                  "op_name": op.op_name, "source": op.stack[0] if op.stack else "",
                  "category": categorize(op), "launches": times, "flops": cost.flops * times,
@@ -673,11 +679,17 @@ def traced_events(run, module: str) -> list[KernelEvent]:
   return events
 
 
-def kernel_op(module: HloModule, event: KernelEvent) -> Op:
-  """The categoriser's record of a kernel: its HLO instruction's (by `hlo_op`, else by the
-  kernel's name, which XLA derives from the instruction's), or its name alone."""
-  inst = (module.by_name.get(event.hlo_op) or module.by_name.get(event.kernel)
+def event_instruction(module: HloModule, event: KernelEvent) -> Instruction | None:
+  """A kernel's HLO instruction: by `hlo_op`, else by the kernel's name (which XLA derives
+  from the instruction's); None when neither names one."""
+  return (module.by_name.get(event.hlo_op) or module.by_name.get(event.kernel)
           or module.by_kernel.get(event.kernel))
+
+
+def kernel_op(module: HloModule, event: KernelEvent) -> Op:
+  """The categoriser's record of a kernel: its HLO instruction's (`event_instruction`), or
+  its name alone."""
+  inst = event_instruction(module, event)
   return module.op(inst) if inst is not None else Op(event.kernel)
 
 
@@ -710,23 +722,19 @@ def _gemm_tiles(inst: Instruction) -> str:
   return " ".join(f"{key.removeprefix('num_')}={fields[key]}" for key in keys if key in fields)
 
 
-def kernel_floor(module: HloModule, hlo_op: str, peaks) -> dict:
-  """What one launch of `hlo_op` moves and multiplies (`launch_cost`), its roofline floor
-  against `peaks` (None without peaks for the device), its operand and output shapes, and the
-  GEMM tiling XLA picked (`_gemm_tiles`)."""
-  inst = module.by_name.get(hlo_op) or module.by_kernel.get(hlo_op)
+def kernel_floor(module: HloModule, event: KernelEvent, peaks) -> dict:
+  """What one launch of the event's instruction (`event_instruction`) moves and multiplies
+  (`launch_cost`), its roofline floor against `peaks` (None without peaks for the device), its
+  operand and output shapes, and the GEMM tiling XLA picked (`_gemm_tiles`)."""
+  inst = event_instruction(module, event)
   if inst is None:
     return {}
   cost = launch_cost(module, inst)
-  floor_ms = None
-  if peaks is not None:
-    dtype = "bfloat16" if cost.narrow else "float32"
-    floor_ms = 1e3 * max(cost.flops / (peaks.tflops[dtype] * 1e12),
-                         cost.bytes / (peaks.hbm_tb_s * 1e12))
-  shapes = [re.sub(r"\{[^}]*\}", "", module.shapes.get(o, "")) for o in inst.operands[:3]]
+  floor_ms = None if peaks is None else 1e3 * floor_seconds(cost, peaks)
+  bare = lambda shape: re.sub(r"\{[^}]*\}", "", shape)  # without the layout
+  shapes = ", ".join(bare(module.shapes.get(o, "")) for o in inst.operands[:3])
   return {"flops": cost.flops, "bytes": cost.bytes, "floor_ms": floor_ms,
-          "shapes": f"{', '.join(shapes)} -> {re.sub(r'{[^}]*}', '', inst.shape)}"[:160],
-          "tiles": _gemm_tiles(inst)}
+          "shapes": f"{shapes} -> {bare(inst.shape)}"[:160], "tiles": _gemm_tiles(inst)}
 
 
 def summarize_device(module: HloModule, events: list[KernelEvent], steps: int,
@@ -771,7 +779,8 @@ def summarize_device(module: HloModule, events: list[KernelEvent], steps: int,
       "top": [{"name": name, "category": k["category"], "calls": k["calls"] / steps,
                "ms": k["ns"] / 1e6 / steps, "share": k["ns"] / total_ns if total_ns else 0.0,
                "hlo_ops": sorted(k["hlo_ops"])[:3],
-               "launch": kernel_floor(module, min(k["hlo_ops"], default=name), peaks)}
+               "launch": kernel_floor(
+                   module, KernelEvent(name, min(k["hlo_ops"], default=""), 0.0), peaks)}
               for name, k in top],
       "idle": idle_gaps([e for e in events if ops[e.hlo_op, e.kernel] is not None], steps),
       "steps": steps,

@@ -171,6 +171,15 @@ def aligned_width(n: int, dtype) -> int:
   return -(-n // per_vector) * per_vector
 
 
+def zero_pad(x: jax.Array, size: int, axis: int = -1) -> jax.Array:
+  """`x` with zeros appended along `axis` up to `size` (heads up to `aligned_width`)."""
+  if x.shape[axis] == size:
+    return x
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, size - x.shape[axis])
+  return jnp.pad(x, widths)
+
+
 class PositionLayout:
   """How P is stored: [H B T, `width`], its K columns after `lead` zero columns, so that
   (query i, key j) is at `i (width - 1) + lead + T - 1 + j` of its (b, h) plane.
@@ -510,9 +519,6 @@ def xl_attention(q_u: jax.Array, q_v: jax.Array, k: jax.Array, v: jax.Array, r: 
   mem_valid = jnp.asarray(mem_valid, jnp.int32)
   head_dim = q_u.shape[-1]
   width = aligned_width(head_dim, q_u.dtype)
-  if width == head_dim:
-    return _xl_attention(q_u, q_v, k, v, r, scale, mem_valid, interpret, tiles)
-  pad = lambda x: jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - head_dim)])
-  out = _xl_attention(pad(q_u), pad(q_v), pad(k), pad(v), pad(r), scale, mem_valid, interpret,
-                      tiles)
+  q_u, q_v, k, v, r = (zero_pad(x, width) for x in (q_u, q_v, k, v, r))
+  out = _xl_attention(q_u, q_v, k, v, r, scale, mem_valid, interpret, tiles)
   return out[..., :head_dim]

@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pallas_kernels.xl_attention import XL_IMPLS, aligned_width, use_fused, xl_attention
+from pallas_kernels.xl_attention import (XL_IMPLS, aligned_width, use_fused, xl_attention,
+                                         zero_pad)
 
 from sparse_jax.layers import initializers
 from sparse_jax.layers.precision import f32_einsum
@@ -132,7 +133,7 @@ class RelativeMultiHeadAttention(nnx.Module):
     # whole number of them (41 -> 48 in bf16) in the weights, so the projections write padded
     # heads and the output projection reads them; the padding's products are zeros.
     width = aligned_width(self.head_dim, dtype) if fused else self.head_dim
-    head_weight = lambda w, axis: _pad_axis(w[...].astype(dtype), axis, width)
+    head_weight = lambda w, axis: zero_pad(w[...].astype(dtype), width, axis)
     x_btd = ctx_bkd[:, k - t:]
     q_bthc = jnp.einsum("btd,dhc->bthc", x_btd, head_weight(self.w_q, 2))
     k_bkhc = jnp.einsum("bkd,dhc->bkhc", ctx_bkd, head_weight(self.w_k, 2))
@@ -147,12 +148,3 @@ class RelativeMultiHeadAttention(nnx.Module):
     out_bthc = attend_relative(q_u, q_v, k_bkhc, v_bkhc, r_khc, scale, mem_valid,
                                self.attn_dropout, fused=fused)
     return jnp.einsum("bthc,hcd->btd", out_bthc, head_weight(self.w_o, 1))
-
-
-def _pad_axis(x: jax.Array, axis: int, size: int) -> jax.Array:
-  """`x` with zeros appended along `axis` up to `size`."""
-  if x.shape[axis] == size:
-    return x
-  widths = [(0, 0)] * x.ndim
-  widths[axis] = (0, size - x.shape[axis])
-  return jnp.pad(x, widths)

@@ -41,8 +41,7 @@ def _unstack(tree, n: int) -> list:
   return [jax.tree.map(lambda leaf, i=i: leaf[i], tree) for i in range(n)]
 
 
-def _one_graphdef(blocks) -> nnx.GraphDef:
-  graphdefs = [_split(block)[0] for block in blocks]
+def _one_graphdef(graphdefs) -> nnx.GraphDef:
   if any(graphdef != graphdefs[0] for graphdef in graphdefs[1:]):
     raise ValueError("model.scan_layers needs every block built alike; these differ in "
                      "structure")
@@ -57,15 +56,16 @@ def scan_layers(blocks: list[nnx.Module], n_layers: int, call: BlockCall, h_btd:
   Returns `(h_btd, inputs_lbtd, layer_aux)`: the last layer's output, every layer's input
   stacked, and each layer's aux dict (a list of `n_layers`), as the unrolled loop gives them.
   """
-  graphdef = _one_graphdef(blocks)
+  graphdefs, params, rests = zip(*(_split(block) for block in blocks))
+  graphdef = _one_graphdef(graphdefs)
   if len(blocks) == n_layers:
-    return _scan_distinct(graphdef, blocks, call, h_btd, mem_lbmd, mem_valid)
-  return _scan_repeats(graphdef, blocks, n_layers, call, h_btd, mem_lbmd, mem_valid)
+    return _scan_distinct(graphdef, blocks, params, rests, call, h_btd, mem_lbmd, mem_valid)
+  return _scan_repeats(graphdef, blocks, params, rests, n_layers, call, h_btd, mem_lbmd,
+                       mem_valid)
 
 
-def _scan_distinct(graphdef, blocks, call, h_btd, mem_lbmd, mem_valid):
+def _scan_distinct(graphdef, blocks, params, rests, call, h_btd, mem_lbmd, mem_valid):
   """One block per layer: the blocks' states are the scan's inputs, their streams its outputs."""
-  _, params, rests = zip(*(_split(block) for block in blocks))
 
   def body(h_btd, xs):
     params_i, rest_i, mem_bmd = xs
@@ -80,14 +80,14 @@ def _scan_distinct(graphdef, blocks, call, h_btd, mem_lbmd, mem_valid):
   return h_btd, inputs_lbtd, _unstack(aux_l, len(blocks))
 
 
-def _scan_repeats(graphdef, blocks, n_layers, call, h_btd, mem_lbmd, mem_valid):
+def _scan_repeats(graphdef, blocks, params, rests, n_layers, call, h_btd, mem_lbmd,
+                  mem_valid):
   """G shared blocks repeated R = n_layers / G times: the scan runs the G blocks once per
   repeat, their states carried (the parameters unchanged, the streams advanced). The
   parameters are carried rather than closed over so that each layer's Variables belong to
   the scan's trace, which `nnx.remat` inside `call` requires."""
   n_groups = len(blocks)
   n_repeats = n_layers // n_groups
-  _, params, rests = zip(*(_split(block) for block in blocks))
 
   def body(carry, mem_gbmd):
     h_btd, params, rests = carry
