@@ -2,7 +2,7 @@
 
     python -m benchmarks.gpu_suite --out DIR [--budget_s 420] [--blocked] [--parts=tests,training]
         [--tests=PATH,...] [--training=sigma_moe,xla_attention,switchhead,moeut,scan_layers,
-                            scan_layers_moeut,cudnn_attention]
+                            scan_layers_moeut,aligned_widths,cudnn_attention]
         [--parts=quality --quality_data=DIR [--quality="ARGS"]]
     python -m benchmarks.gpu_suite --smoke --out DIR     # tiny shapes on CPU: checks the suite
 
@@ -22,7 +22,8 @@ and the suite goes on:
      configs/sigma_moe_paper.py:wt103_s and its dense baseline (the fused XL attention, the
      default on one GPU), the same two with the XLA attention (`model.attention_impl=xla`),
      the SwitchHead paper's WT-103 S trio, MoEUT 44M and its dense baseline, and dense,
-     sigma-MoE and MoEUT with their layers scanned (`model.scan_layers`); bfloat16
+     sigma-MoE and MoEUT with their layers scanned (`model.scan_layers`), dense and sigma-MoE
+     at widths of whole 16-byte rows (`ALIGNED_WIDTHS`), MoEUT on cuDNN; bfloat16
      compute, f32 parameters, on random tokens (no dataset is prepared): ms/step, tokens/s,
      against the comparison's baseline, MFU, compile seconds, peak memory.
   5. step_profile: where the training step's device time goes (`benchmarks.step_profile`) for
@@ -452,6 +453,10 @@ def cvmm_part(scale: Scale, budget: Budget, impls: list[str], save) -> dict:
 XLA_ATTENTION = {"attention_impl": "xla"}  # model fields a row sets over its config's
 SCANNED = {"scan_layers": True}
 CUDNN = {"attention_core": "cudnn"}
+# d_model 412 -> 416 and d_ff 2053 -> 2056: rows of whole 16-byte vectors in bf16. On the H200
+# (2026-11-28) the WT-103 S step's GEMMs took about 5x their floor, one of cuBLAS's kernels an
+# Ampere `align2` one; this times whether padding the widths inside the model would pay.
+ALIGNED_WIDTHS = {"d_model": 416, "ff": {"d_ff": 2056}}
 TRAINING = {
     "sigma_moe": (("dense wt103_s", wt103_s_dense, None),
                   ("sigma_moe wt103_s", sigma_moe_paper, "wt103_s")),
@@ -472,6 +477,11 @@ TRAINING = {
                     ("sigma_moe wt103_s scanned", sigma_moe_paper, "wt103_s", SCANNED)),
     "scan_layers_moeut": (("dense 44m unrolled", moeut_paper, "44m,dense"),
                           ("moeut 44m scanned", moeut_paper, "44m,moeut", SCANNED)),
+    "aligned_widths": (("dense wt103_s widths 412/2053", wt103_s_dense, None),
+                       ("dense wt103_s widths 416/2056", wt103_s_dense, None, ALIGNED_WIDTHS),
+                       ("sigma_moe wt103_s width 412", sigma_moe_paper, "wt103_s"),
+                       ("sigma_moe wt103_s width 416", sigma_moe_paper, "wt103_s",
+                        {"d_model": 416})),
     # MoEUT and its dense baseline with cuDNN's fused causal attention (heads of 82 and 41
     # padded to 88 and 48) against MoEUT on the XLA core (issue 60's MoEUT goal).
     "cudnn_attention": (("moeut 44m xla core", moeut_paper, "44m,moeut"),

@@ -35,12 +35,13 @@ class LMTrainStep:
     self.memory = self.placement.create_memory(
         lambda: model.init_memory(self.config.data.batch_size))
     self.flops_per_step = task.flops_per_step(model)  # model FLOPs (`lm_step_flops`), for MFU
-    graphdef, self.state = nnx.split((model, optimizer))
-    self.step_fn = make_train_step(graphdef, loss_fn or task.loss, seed=self.config.seed,
+    self.graphdef, state = nnx.split((model, optimizer))
+    self.state = nnx.to_pure_dict(state)  # As the step carries it (`make_train_step`).
+    out_shardings = (nnx.to_pure_dict(self.placement.state_shardings(state)),
+                     self.placement.memory_shardings(), parallel.replicated(mesh))
+    self.step_fn = make_train_step(self.graphdef, loss_fn or task.loss, seed=self.config.seed,
                                    rng_impl=self.config.train.rng_impl,
-                                   out_shardings=(self.placement.state_shardings(self.state),
-                                                  self.placement.memory_shardings(),
-                                                  parallel.replicated(mesh)))
+                                   out_shardings=out_shardings)
 
   def random_batch(self, rng: np.random.Generator) -> dict:
     """Uniformly random tokens of the config's batch shape, placed on the mesh."""
@@ -59,7 +60,7 @@ class LMTrainStep:
 
   def __call__(self, batch: dict, step: int) -> dict:
     """Runs training step `step` on `batch`; returns its metrics once computed."""
-    return jax.block_until_ready(self._dispatch(batch, step))
+    return jax.block_until_ready(self.dispatch(batch, step))
 
   def run(self, batch: dict, first_step: int, steps: int) -> dict:
     """Runs steps `first_step ..` on `batch` as the training loop does (`training.loop.Run.
@@ -70,13 +71,14 @@ class LMTrainStep:
       raise ValueError(f"steps must be >= 1, got {steps}")
     in_flight = None
     for step in range(first_step, first_step + steps):
-      metrics = self._dispatch(batch, step)
+      metrics = self.dispatch(batch, step)
       if in_flight is not None:
         jax.block_until_ready(in_flight)
       in_flight = metrics["loss"]
     return jax.block_until_ready(metrics)
 
-  def _dispatch(self, batch: dict, step: int) -> dict:
+  def dispatch(self, batch: dict, step: int) -> dict:
+    """Starts training step `step` on `batch`; returns its metrics without waiting for them."""
     self.state, self.memory, metrics = self.step_fn(self.state, self.memory, batch, step)
     return metrics
 

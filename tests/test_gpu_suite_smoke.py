@@ -96,7 +96,12 @@ def check_training_and_decode_rows(out, report):
   assert same == {**{r["model"]: None for r in rows},
                   "dense 10 heads wt103_s": "dense wt103_s",
                   "dense wt103_s unrolled": "dense wt103_s",
-                  "dense 44m unrolled": "dense 44m", "moeut 44m xla core": "moeut 44m"}
+                  "dense 44m unrolled": "dense 44m", "moeut 44m xla core": "moeut 44m",
+                  # Shrunk alike for the smoke run (`test_aligned_widths_rows`: not at size).
+                  "dense wt103_s widths 412/2053": "dense wt103_s",
+                  "dense wt103_s widths 416/2056": "dense wt103_s",
+                  "sigma_moe wt103_s width 412": "sigma_moe wt103_s",
+                  "sigma_moe wt103_s width 416": "sigma_moe wt103_s"}
   assert {r["model"] for r in rows if r["scan_layers"]} == {
       "dense wt103_s scanned", "sigma_moe wt103_s scanned", "moeut 44m scanned"}
   step_ms = {r["model"]: r["step_ms"] for r in rows}
@@ -222,6 +227,25 @@ def test_quality_part_trains_on_the_carried_corpus_in_a_subprocess(tmp_path, mon
   assert (staged / "quality_small" / "builtin" / "dense" / "seed0" / "result.json").exists()
   assert not (home / "tensorflow_datasets").exists()  # the staged dataset was read
   assert "### quality runs" in (out / "gpu_suite.md").read_text()
+
+
+def test_aligned_widths_rows():
+  """At size, the aligned rows are the WT-103 S models at d_model 416 (and d_ff 2056), their
+  baselines the paper's 412 (and 2053); nothing else of the models differs."""
+  rows = {name: config.model for _, name, config in gpu_suite.training_configs(
+      ["aligned_widths"], smoke=False)}
+  widths = {name: (model.d_model, model.ff.get("d_ff")) for name, model in rows.items()}
+  assert widths == {"dense wt103_s widths 412/2053": (412, 2053),
+                    "dense wt103_s widths 416/2056": (416, 2056),
+                    "sigma_moe wt103_s width 412": (412, None),
+                    "sigma_moe wt103_s width 416": (416, None)}
+  for paper, aligned in (("dense wt103_s widths 412/2053", "dense wt103_s widths 416/2056"),
+                         ("sigma_moe wt103_s width 412", "sigma_moe wt103_s width 416")):
+    models = [rows[paper].to_dict(), rows[aligned].to_dict()]
+    for model in models:
+      model.update(d_model=None)
+      model["ff"].pop("d_ff", None)
+    assert models[0] == models[1]
 
 
 def test_roofline_bound_is_the_slower_of_compute_and_memory():

@@ -130,14 +130,15 @@ def trace_train_step(task: Task, placement: Placement):
   Nothing is allocated."""
   model, optimizer = nnx.eval_shape(task.init_model_and_optimizer)
   graphdef, state = nnx.split((model, optimizer))
-  state = placement.placed_shapes(state, placement.state_shardings(state))
+  shardings = nnx.to_pure_dict(placement.state_shardings(state))
+  state = placement.placed_shapes(nnx.to_pure_dict(state), shardings)
   carry = jax.eval_shape(lambda: task.init_carry(model, placement))
   carry = placement.placed_shapes(carry, task.carry_shardings(placement))
   batch = placement.batch_shapes(task.batch_shapes())
   replicated = parallel.replicated(placement.mesh)
   train_step = make_train_step(graphdef, task.loss, seed=task.typed.seed,
                                rng_impl=task.typed.train.rng_impl, wrt=task.trainable,
-                               out_shardings=(placement.state_shardings(state),
+                               out_shardings=(shardings,
                                               task.carry_shardings(placement), replicated),
                                accum_steps=task.typed.train.grad_accum_steps, carry_rows=task)
   step_index = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)

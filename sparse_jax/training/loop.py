@@ -135,9 +135,10 @@ class Run:
     self.lr = learning_rate_schedule(train_cfg)
     self.flops_rate = ModelFlopsRate.of(task.flops_per_step(self.model),
                                         np.dtype(self.model.dtype).name, mesh)
-    self.graphdef, self.state = nnx.split((self.model, self.optimizer))
-    out_shardings = (placement.state_shardings(self.state), task.carry_shardings(placement),
-                     parallel.replicated(mesh))
+    self.graphdef, state = nnx.split((self.model, self.optimizer))
+    self.state = nnx.to_pure_dict(state)  # As the step carries it (`make_train_step`).
+    out_shardings = (nnx.to_pure_dict(placement.state_shardings(state)),
+                     task.carry_shardings(placement), parallel.replicated(mesh))
     self.train_step = make_train_step(self.graphdef, task.loss, seed=task.typed.seed,
                                       rng_impl=train_cfg.rng_impl, wrt=task.trainable,
                                       out_shardings=out_shardings,

@@ -84,7 +84,11 @@ def make_train_step(graphdef: nnx.GraphDef, loss_fn: LossFn, *, seed: int,
                     accum_steps: int = 1, carry_rows: CarryRows | None = None):
   """Returns `step(state, carry, batch, step_index) -> (state, carry, metrics)`.
 
-  `state` is `nnx.split((model, optimizer))[1]`; it and the carry are donated. The metrics are
+  `state` is `nnx.to_pure_dict(nnx.split((model, optimizer))[1])`: nested dicts of arrays,
+  which JAX flattens and rebuilds in C++ on every call, where an `nnx.State` of Variables
+  goes through Python for each Variable (dispatching WT-103 S's step, 886 arrays, took 3x
+  the host time: `benchmarks/step_dispatch.py`); `nnx.merge` and `nnx.update` take it as it
+  is. It and the carry are donated. The metrics are
   `loss`, the task's own metrics and `grad_norm` (of the trainable parameters' gradients).
   On a mesh, `out_shardings` (state's, carry's, the metrics') keeps the new state where the
   old one was. With `accum_steps` N > 1 the batch is taken as N micro-batches whose gradients
@@ -109,6 +113,6 @@ def make_train_step(graphdef: nnx.GraphDef, loss_fn: LossFn, *, seed: int,
           rng_impl=rng_impl, step_index=step_index)
     optimizer.update(model, grads)
     metrics = {"loss": loss, **metrics, "grad_norm": optax.tree.norm(grads)}
-    return nnx.state((model, optimizer)), new_carry, metrics
+    return nnx.to_pure_dict(nnx.state((model, optimizer))), new_carry, metrics
 
   return train_step

@@ -53,8 +53,11 @@ def test_one_jitted_training_step(kind):
   step = make_train_step(graphdef, lm_loss, seed=0)
   tokens = jax.random.randint(jax.random.key(1), (2, 7), 0, 40)
   batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
-  state, memory, metrics = step(state, model.init_memory(2), batch, 0)
+  state, memory, metrics = step(nnx.to_pure_dict(state), model.init_memory(2), batch, 0)
   assert np.isfinite(float(metrics["loss"])) and float(metrics["grad_norm"]) > 0
+  # The state comes back as nested dicts of arrays, the form the step takes (no Variables).
+  is_variable = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
+  assert not any(map(is_variable, jax.tree.leaves(state, is_leaf=is_variable)))
   nnx.update((model, optimizer), state)
   after = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   changed = jax.tree.map(lambda a, b: bool(np.any(a != np.asarray(b))), before, after)
@@ -85,7 +88,7 @@ def test_one_training_step_for_each_attention_kind(attention, extra):
   graphdef, state = nnx.split((model, optimizer))
   tokens = jax.random.randint(jax.random.key(2), (2, 7), 0, 40)
   _, memory, metrics = make_train_step(graphdef, lm_loss, seed=0)(
-      state, model.init_memory(2), {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}, 0)
+      nnx.to_pure_dict(state), model.init_memory(2), {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}, 0)
   assert np.isfinite(float(metrics["loss"])) and float(metrics["grad_norm"]) > 0
   assert memory.mem_len == 0  # only XL attention carries memory
 

@@ -62,6 +62,7 @@ def test_only_the_methods_parameters_change(roberta_dir, tmp_path, method):
   assert sum(x.size for x in moments) == 2 * sum(x.size for x in before_trainable.values())
 
   graphdef, state = nnx.split((model, optimizer))
+  state = nnx.to_pure_dict(state)
   step = make_train_step(graphdef, task_for(config).loss, seed=0, wrt=trainable)
   tokens, lengths = tokenizer.encode((["A dog runs.", "It rains hard today."],
                                       ["An animal moves.", "Sun."]), 24)
