@@ -86,10 +86,10 @@ def make_train_step(graphdef: nnx.GraphDef, loss_fn: LossFn, *, seed: int,
 
   `state` is `nnx.to_pure_dict(nnx.split((model, optimizer))[1])`: nested dicts of arrays,
   which JAX flattens and rebuilds in C++ on every call, where an `nnx.State` of Variables
-  goes through Python for each Variable (dispatching WT-103 S's step, 886 arrays, took 3x
-  the host time: `benchmarks/step_dispatch.py`); `nnx.merge` and `nnx.update` take it as it
-  is. It and the carry are donated. The metrics are
-  `loss`, the task's own metrics and `grad_norm` (of the trainable parameters' gradients).
+  goes through Python for each Variable (a call carrying WT-103 S's 886 arrays took 1.7x the
+  host time: `benchmarks/step_dispatch.py`); `nnx.merge` and `nnx.update` take it as it is.
+  It and the carry are donated. The metrics are `loss`, the task's own metrics and
+  `grad_norm` (of the trainable parameters' gradients).
   On a mesh, `out_shardings` (state's, carry's, the metrics') keeps the new state where the
   old one was. With `accum_steps` N > 1 the batch is taken as N micro-batches whose gradients
   are averaged before the one update (`_accumulate`); `carry_rows` (the task) splits the
