@@ -505,7 +505,7 @@ def shrink_for_smoke(config) -> None:
 
 
 def training_configs(comparisons: list[str], smoke: bool) -> list[tuple[str, str, object]]:
-  """(comparison, row name, config) of each model of `comparisons`, in `TRAINING`'s order,
+  """(comparison, row name, config) of each model of `comparisons`, in the order given,
   bfloat16 compute (f32 parameters); with `smoke`, shrunk (`shrink_for_smoke`)."""
   rows = []
   for comparison in comparisons:
