@@ -24,7 +24,8 @@ def test_step_dispatch_times_both_forms(tmp_path, capsys):
 
 
 def test_the_state_forms_compute_the_same_steps():
-  config = step_dispatch.bench_configs("tiny")["sigma_moe"]
+  config = step_dispatch.bench_configs("default")["sigma_moe"]
+  config.model.n_layers = 2
   mesh = parallel.make_mesh([1, 1, 1])
   with jax.set_mesh(mesh):
     step = LMTrainStep(config, mesh)
