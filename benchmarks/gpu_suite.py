@@ -27,10 +27,10 @@ and the suite goes on:
      compute, f32 parameters, on random tokens (no dataset is prepared): ms/step, tokens/s,
      against the comparison's baseline, MFU, compile seconds, peak memory.
   5. step_profile: where the training step's device time goes (`benchmarks.step_profile`) for
-     the dense (also with the XLA attention), sigma-MoE and SwitchHead WT-103 S models
-     (`STEP_PROFILE`): a few traced steps, device ms per category (matmuls, attention,
-     dropout and RNG, norms and elementwise, MoE, copies, optimizer, other), the top
-     kernels, and the kernels' sum beside the measured step.
+     the dense (also at aligned widths and with the XLA attention), sigma-MoE and SwitchHead
+     WT-103 S models (`STEP_PROFILE`): a few traced steps, device ms per category (matmuls,
+     attention, dropout and RNG, norms and elementwise, MoE, copies, optimizer, other), the
+     top kernels, and the kernels' sum beside the measured step.
      It reuses the steps the training part compiled (seconds each, run even past the part's
      share); a model that part did not reach is compiled here only within the share.
   6. decode: benchmarks/decode.py at its defaults.
@@ -612,8 +612,8 @@ def training_part(scale: Scale, budget: Budget, comparisons: list[str],
 
 # Rows of TRAINING, in order; one the training part did not compile is compiled here only
 # while the part's share lasts.
-STEP_PROFILE = ("dense wt103_s", "sigma_moe wt103_s", "dense wt103_s xla attention",
-                "switchhead wt103_s")
+STEP_PROFILE = ("dense wt103_s", "sigma_moe wt103_s", "dense wt103_s widths 416/2056",
+                "dense wt103_s xla attention", "switchhead wt103_s")
 
 
 def step_profile_part(scale: Scale, budget: Budget, compiled: dict) -> dict:
