@@ -87,8 +87,9 @@ def test_one_training_step_for_each_attention_kind(attention, extra):
   optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
   graphdef, state = nnx.split((model, optimizer))
   tokens = jax.random.randint(jax.random.key(2), (2, 7), 0, 40)
+  batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
   _, memory, metrics = make_train_step(graphdef, lm_loss, seed=0)(
-      nnx.to_pure_dict(state), model.init_memory(2), {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}, 0)
+      nnx.to_pure_dict(state), model.init_memory(2), batch, 0)
   assert np.isfinite(float(metrics["loss"])) and float(metrics["grad_norm"]) > 0
   assert memory.mem_len == 0  # only XL attention carries memory
 

@@ -52,7 +52,8 @@ def xla_step_flops(model, loss_fn, batch, carry=None, wrt=nnx.Param) -> int:
   optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=wrt)
   graphdef, state = nnx.split((model, optimizer))
   step = make_train_step(graphdef, loss_fn, seed=0, wrt=wrt)
-  return dot_flops(step.trace(nnx.to_pure_dict(state), carry, batch, 0).lower().compile().as_text())
+  traced = step.trace(nnx.to_pure_dict(state), carry, batch, 0)
+  return dot_flops(traced.lower().compile().as_text())
 
 
 def masked_pairs(t: int, keys: int) -> int:
