@@ -83,15 +83,19 @@ class LMTrainStep:
     return metrics
 
 
-def abba_step_times(steps: dict, batches: list, rounds: int) -> dict[str, list[float]]:
+def abba_step_times(steps: dict, batches: list, rounds: int,
+                    settle=lambda result: None) -> dict[str, list[float]]:
   """Seconds of each of `rounds` steps of every `steps[name](batch, step)`, the names taking
-  turns in ABBA order (forward, then backward, ...) after one compiling call each."""
+  turns in ABBA order (forward, then backward, ...) after one compiling call each.
+  `settle(result)` runs after every call, off the clock (`jax.block_until_ready`: a call
+  that returns before its work is done is timed to its return alone)."""
   for run in steps.values():
-    run(batches[0], 0)
+    settle(run(batches[0], 0))
   times = {name: [] for name in steps}
   for i in range(rounds):
     for name in (list(steps) if i % 2 == 0 else list(steps)[::-1]):
       start = time.perf_counter()
-      steps[name](batches[i % len(batches)], i + 1)
+      result = steps[name](batches[i % len(batches)], i + 1)
       times[name].append(time.perf_counter() - start)
+      settle(result)
   return times

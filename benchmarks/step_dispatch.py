@@ -21,14 +21,13 @@ costs device time only when it is the longer of the two.
 
 import argparse
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from benchmarks.lm_train_step import LMTrainStep
+from benchmarks.lm_train_step import LMTrainStep, abba_step_times
 from benchmarks.machine import machine_info, write_result
 from configs import sigma_moe_paper, wt103_s_dense
 from sparse_jax import parallel
@@ -72,9 +71,6 @@ def carriers(step: LMTrainStep, batch: dict) -> dict[str, Carried]:
   """The training step, and a program that does nothing but hand its state back (the host's
   cost alone: no device work to wait for), each carrying the state both ways."""
 
-  def train_dicts(state, memory, batch, index):
-    return step.step_fn(state, memory, batch, index)
-
   def train_nnx_state(state, memory, batch, index):
     pure, memory, metrics = step.step_fn(nnx.to_pure_dict(state), memory, batch, index)
     return nnx.state(nnx.merge(step.graphdef, pure)), memory, metrics
@@ -82,26 +78,10 @@ def carriers(step: LMTrainStep, batch: dict) -> dict[str, Carried]:
   def nothing(state, memory, batch, index):
     return state, memory, {"loss": jnp.asarray(index, jnp.float32)}
 
-  return {"step/dicts": Carried(train_dicts, step, batch, as_nnx_state=False),
+  return {"step/dicts": Carried(step.step_fn, step, batch, as_nnx_state=False),
           "step/nnx_state": Carried(train_nnx_state, step, batch, as_nnx_state=True),
           "nothing/dicts": Carried(nothing, step, batch, as_nnx_state=False),
           "nothing/nnx_state": Carried(nothing, step, batch, as_nnx_state=True)}
-
-
-def dispatch_seconds(runs: dict, batch: dict, rounds: int) -> dict[str, list[float]]:
-  """Seconds from each call of `runs[name](batch, step)` to its return (the device's work
-  waited for after the clock stops), the names taking turns in ABBA order after one
-  compiling call each."""
-  for run in runs.values():
-    jax.block_until_ready(run(batch, 0))
-  seconds = {name: [] for name in runs}
-  for i in range(rounds):
-    for name in (list(runs) if i % 2 == 0 else list(runs)[::-1]):
-      start = time.perf_counter()
-      metrics = runs[name](batch, i + 1)
-      seconds[name].append(time.perf_counter() - start)
-      jax.block_until_ready(metrics)
-  return seconds
 
 
 def main(argv=None) -> dict:
@@ -118,7 +98,7 @@ def main(argv=None) -> dict:
       step = LMTrainStep(config, mesh)
       batch = step.random_batch(np.random.default_rng(0))
       runs = carriers(step, batch)
-      seconds = dispatch_seconds(runs, batch, args.rounds)
+      seconds = abba_step_times(runs, [batch], args.rounds, settle=jax.block_until_ready)
       rows[model] = {"state_arrays": len(jax.tree.leaves(step.state)),
                      "dispatch_ms": {k: 1e3 * statistics.median(v) for k, v in seconds.items()},
                      "dispatch_seconds": seconds}

@@ -1,5 +1,7 @@
 """benchmarks/lm_train_step.py: the timing benchmarks' training step and ABBA timing."""
 
+import time
+
 import jax
 import numpy as np
 import pytest
@@ -18,6 +20,19 @@ def test_abba_order_compiles_each_step_first_then_alternates():
                    ("a", "x", 1), ("b", "x", 1), ("b", "y", 2), ("a", "y", 2),
                    ("a", "x", 3), ("b", "x", 3)]
   assert {name: len(t) for name, t in times.items()} == {"a": 3, "b": 3}
+
+
+def test_abba_settles_each_result_off_the_clock():
+  settled = []
+
+  def settle(result):
+    settled.append(result)
+    time.sleep(0.2)  # not counted in the call's time
+
+  steps = {name: (lambda batch, step, name=name: (name, step)) for name in ("a", "b")}
+  times = abba_step_times(steps, ["x"], rounds=2, settle=settle)
+  assert settled == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("b", 2), ("a", 2)]
+  assert max(max(t) for t in times.values()) < 0.2
 
 
 def test_steps_train_their_own_state_from_the_same_seed():
