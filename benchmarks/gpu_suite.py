@@ -43,7 +43,9 @@ and the suite goes on:
      `benchmarks.quality_small` (--quality: the 12 `quality_medium` runs by default),
      `QUALITY_JOBS` at a time on the one GPU, on corpora carried from the CPU machine
      (--quality_data) so that they are the ones its runs trained on; issue 61's 12 runs take
-     some 2.5 hours each on the 2-core CPU.
+     some 2.5 hours each on the 2-core CPU. `--quality="--config=wt103_s_embedded
+     --corpora=builtin"`: the sigma-MoE paper's WT-103 S pair, dense against sigma-MoE, 2000
+     steps each (`configs/wt103_s_embedded.py`; issue 60's comparison).
 Writes DIR/gpu_suite.json and DIR/gpu_suite.md (Markdown tables for benchmarks/RESULTS.md)
 after every part (a part left out of --parts reads "skipped: --parts"), so a run that is
 killed keeps what it measured; prints the Markdown at the end and progress lines to stderr as

@@ -3,10 +3,12 @@ and corpora.
 
     python -m benchmarks.quality_small [--seeds=0,1,2] [--corpora=builtin,prose] [--steps=1000]
     python -m benchmarks.quality_small --config=quality_medium --seeds=0,1,2 --corpora=builtin,prose
+    python -m benchmarks.quality_small --config=wt103_s_embedded --corpora=builtin --jobs=2  # GPU
 
 Trains `configs/quality_small.py` once per variant (parameter-matched dense, sigma-MoE,
-Switch, S-BASE, PKM-relu, PKM-softmax, Top-K), or `configs/quality_medium.py` (dense and
-sigma-MoE with the paper's expert shape), per seed (initialisation, dropout and routing
+Switch, S-BASE, PKM-relu, PKM-softmax, Top-K), `configs/quality_medium.py` (dense and
+sigma-MoE with the paper's expert shape) or `configs/wt103_s_embedded.py` (the paper's WT-103 S
+pair itself, bfloat16: for a GPU), per seed (initialisation, dropout and routing
 noise) and corpus: `builtin` (Python sources) and `prose` (Vim's documentation,
 `benchmarks/prose_corpus.py`). Each run lives in
 `WORKDIR/<config>/<corpus id>/<variant>/seed<N>` (the id names the corpus's version:
@@ -34,7 +36,7 @@ import time
 
 from benchmarks import prose_corpus
 from benchmarks.machine import machine_info, write_result
-from configs import quality_medium, quality_small, stall_medium
+from configs import quality_medium, quality_small, stall_medium, wt103_s_embedded
 from sparse_jax.data.datasets import prepared_builder
 from sparse_jax.models.accounting import model_report
 from sparse_jax.tasks.runs import train_to_completion
@@ -58,6 +60,7 @@ SMALL_VARIANTS = {
     "topk": {"kind": "topk", "d_ff": 514, "k": 128},
 }
 CONFIGS = {"quality_small": tuple(SMALL_VARIANTS), "quality_medium": quality_medium.VARIANTS,
+           "wt103_s_embedded": wt103_s_embedded.VARIANTS,
            "stall_medium": tuple(f"{model}/{change}" for model in quality_medium.VARIANTS
                                  for change in stall_medium.CHANGES)}
 CORPORA = ("builtin", "prose")
@@ -74,6 +77,8 @@ def variant_config(config_name: str, variant: str, overrides: dict | None = None
     config = quality_medium.get_config(variant)
   elif config_name == "stall_medium":
     config = stall_medium.get_config(variant)
+  elif config_name == "wt103_s_embedded":
+    config = wt103_s_embedded.get_config(variant)
   else:
     config = quality_small.get_config()
     config.model.ff = SMALL_VARIANTS[variant]

@@ -8,7 +8,7 @@ import pytest
 
 from configs import (default, default_dense, dense_paper, e8_dense, moe_variants, moeut_paper,
                      quality_medium, quality_small, scaling_small, sigma_moe_paper,
-                     wt103_b_dense, wt103_b_one_gpu, wt103_s_dense)
+                     wt103_b_dense, wt103_b_one_gpu, wt103_s_dense, wt103_s_embedded)
 from sparse_jax import schema, validation
 from sparse_jax.config_overrides import switch_kinds, tagged_sections
 from sparse_jax.data import classification, datasets
@@ -338,6 +338,8 @@ def _lm_configs():
   yield "quality_small", quality_small.get_config()
   for variant in quality_medium.VARIANTS:
     yield f"quality_medium:{variant}", quality_medium.get_config(variant)
+  for variant in wt103_s_embedded.VARIANTS:
+    yield f"wt103_s_embedded:{variant}", wt103_s_embedded.get_config(variant)
   yield "e8_dense", e8_dense.get_config()
   yield "wt103_s_dense", wt103_s_dense.get_config()
   yield "wt103_b_dense", wt103_b_dense.get_config()

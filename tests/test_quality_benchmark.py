@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from benchmarks import prose_corpus, quality_small
-from configs import quality_medium
+from configs import quality_medium, sigma_moe_paper, wt103_s_dense, wt103_s_embedded
 from sparse_jax.models.accounting import model_report
 from sparse_jax.tasks.runs import RunInterrupted
 
@@ -263,3 +263,23 @@ def test_quality_medium_dense_twin_is_parameter_matched_within_one_percent():
   assert abs(dense / moe - 1) < 0.01
   ff = quality_medium.get_config().model.ff
   assert (ff.n_experts, ff.expert_size, ff.k) == (16, 128, 4)
+
+
+def test_wt103_s_embedded_trains_the_papers_wt103_s_pair_on_bytes():
+  """The models are the paper configs' but for the byte vocabulary and bfloat16 compute; each
+  keeps its paper training (Adam at 2.5e-4, its own clipping), on the embedded data."""
+  papers = {"sigma_moe": sigma_moe_paper.get_config("wt103_s"),
+            "dense": wt103_s_dense.get_config()}
+  for variant in wt103_s_embedded.VARIANTS:
+    config = quality_small.variant_config("wt103_s_embedded", variant)
+    paper = papers[variant]
+    assert config.model.to_dict() == {**paper.model.to_dict(), "vocab_size": 256,
+                                      "dtype": "bfloat16"}
+    assert (config.data.name, config.data.batch_size, config.data.seq_len) == (
+        "builtin", paper.data.batch_size, paper.data.seq_len)
+    assert (config.train.lr, config.train.grad_clip, config.train.warmup_steps) == (
+        paper.train.lr, paper.train.grad_clip, 0)
+    assert config.train.steps == config.train.eval_every == wt103_s_embedded.STEPS
+  moe, dense = (model_report(wt103_s_embedded.get_config(v).model)["total_params"]
+                for v in ("sigma_moe", "dense"))
+  assert abs(dense / moe - 1) < 0.003
