@@ -2,7 +2,7 @@
 
     python -m benchmarks.gpu_suite --out DIR [--budget_s 420] [--blocked] [--parts=tests,training]
         [--tests=PATH,...] [--training=sigma_moe,xla_attention,switchhead,moeut,scan_layers,
-                            scan_layers_moeut,aligned_widths,cudnn_attention]
+                            scan_layers_moeut,aligned_widths,cudnn_attention,dropout_rng]
         [--parts=quality --quality_data=DIR [--quality="ARGS"]]
     python -m benchmarks.gpu_suite --smoke --out DIR     # tiny shapes on CPU: checks the suite
 
@@ -23,7 +23,8 @@ and the suite goes on:
      default on one GPU), the same two with the XLA attention (`model.attention_impl=xla`),
      the SwitchHead paper's WT-103 S trio, MoEUT 44M and its dense baseline, and dense,
      sigma-MoE and MoEUT with their layers scanned (`model.scan_layers`), dense and sigma-MoE
-     at widths of whole 16-byte rows (`ALIGNED_WIDTHS`), MoEUT on cuDNN; bfloat16
+     at widths of whole 16-byte rows (`ALIGNED_WIDTHS`), MoEUT on cuDNN, dense with its
+     dropout masks from XLA's RngBitGenerator (`train.rng_impl`); bfloat16
      compute, f32 parameters, on random tokens (no dataset is prepared): ms/step, tokens/s,
      against the comparison's baseline, MFU, compile seconds, peak memory.
   5. step_profile: where the training step's device time goes (`benchmarks.step_profile`) for
@@ -450,15 +451,16 @@ def cvmm_part(scale: Scale, budget: Budget, impls: list[str], save) -> dict:
 # Part 4: training steps.
 
 # comparison: its models, the first the baseline the others' `x_baseline` is over; each a
-# (row name, config file module, its spec or None). The sigma-MoE paper's WT-103 S pair, the
-# SwitchHead paper's WT-103 S trio, MoEUT's 44M pair.
-XLA_ATTENTION = {"attention_impl": "xla"}  # model fields a row sets over its config's
-SCANNED = {"scan_layers": True}
-CUDNN = {"attention_core": "cudnn"}
+# (row name, config file module, its spec or None[, the fields it sets over the config's, by
+# section]). The sigma-MoE paper's WT-103 S pair, the SwitchHead paper's WT-103 S trio, MoEUT's
+# 44M pair.
+XLA_ATTENTION = {"model": {"attention_impl": "xla"}}
+SCANNED = {"model": {"scan_layers": True}}
+CUDNN = {"model": {"attention_core": "cudnn"}}
 # d_model 412 -> 416 and d_ff 2053 -> 2056: rows of whole 16-byte vectors in bf16. On the H200
 # (2026-11-28) the WT-103 S step's GEMMs took about 5x their floor, one of cuBLAS's kernels an
 # Ampere `align2` one; this times whether padding the widths inside the model would pay.
-ALIGNED_WIDTHS = {"d_model": 416, "ff": {"d_ff": 2056}}
+ALIGNED_WIDTHS = {"model": {"d_model": 416, "ff": {"d_ff": 2056}}}
 TRAINING = {
     "sigma_moe": (("dense wt103_s", wt103_s_dense, None),
                   ("sigma_moe wt103_s", sigma_moe_paper, "wt103_s")),
@@ -483,12 +485,18 @@ TRAINING = {
                        ("dense wt103_s widths 416/2056", wt103_s_dense, None, ALIGNED_WIDTHS),
                        ("sigma_moe wt103_s width 412", sigma_moe_paper, "wt103_s"),
                        ("sigma_moe wt103_s width 416", sigma_moe_paper, "wt103_s",
-                        {"d_model": 416})),
+                        {"model": {"d_model": 416}})),
     # MoEUT and its dense baseline with cuDNN's fused causal attention (heads of 82 and 41
     # padded to 88 and 48) against MoEUT on the XLA core (issue 60's MoEUT goal).
     "cudnn_attention": (("moeut 44m xla core", moeut_paper, "44m,moeut"),
                         ("moeut 44m cudnn", moeut_paper, "44m,moeut", CUDNN),
                         ("dense 44m cudnn", moeut_paper, "44m,dense", CUDNN)),
+    # Dropout masks from XLA's RngBitGenerator instead of threefry (`train.rng_impl`, issue
+    # 60: dropout and RNG took 3.7 ms of the dense step on the H200).
+    "dropout_rng": (("dense wt103_s threefry", wt103_s_dense, None),
+                    ("dense wt103_s rbg", wt103_s_dense, None, {"train": {"rng_impl": "rbg"}}),
+                    ("dense wt103_s unsafe_rbg", wt103_s_dense, None,
+                     {"train": {"rng_impl": "unsafe_rbg"}})),
 }
 
 
@@ -511,9 +519,11 @@ def training_configs(comparisons: list[str], smoke: bool) -> list[tuple[str, str
   bfloat16 compute (f32 parameters); with `smoke`, shrunk (`shrink_for_smoke`)."""
   rows = []
   for comparison in comparisons:
-    for name, module, spec, *model_fields in TRAINING[comparison]:
+    for name, module, spec, *fields in TRAINING[comparison]:
       config = module.get_config() if spec is None else module.get_config(spec)
-      config.model.update(dtype="bfloat16", **(model_fields[0] if model_fields else {}))
+      config.model.dtype = "bfloat16"
+      for section, values in (fields[0] if fields else {}).items():
+        config[section].update(values)
       if config.data.name == "text_files":  # MoEUT's: a path the task checks but never opens
         config.data.file = "random_tokens.txt"
       if smoke:
@@ -523,8 +533,10 @@ def training_configs(comparisons: list[str], smoke: bool) -> list[tuple[str, str
 
 
 def model_key(config) -> tuple:
-  """What makes two rows one model: the model section and the batch shape."""
-  return config.model.to_json(sort_keys=True), config.data.batch_size, config.data.seq_len
+  """What makes two rows one training step: the model and train sections and the batch
+  shape."""
+  return (config.model.to_json(sort_keys=True), config.train.to_json(sort_keys=True),
+          config.data.batch_size, config.data.seq_len)
 
 
 def build_training(config) -> tuple[LMTrainStep, dict, float]:
@@ -585,7 +597,8 @@ def training_part(scale: Scale, budget: Budget, comparisons: list[str],
            "ff": config.model.ff.to_dict(), "attention": config.model.get("attention", "xl"),
            "attention_impl": config.model.get("attention_impl", "auto"),
            "attention_core": config.model.get("attention_core", "auto"),
-           "scan_layers": config.model.get("scan_layers", False), "status": "ok"}
+           "scan_layers": config.model.get("scan_layers", False),
+           "rng_impl": config.train.get("rng_impl", "threefry"), "status": "ok"}
     rows.append(row)
     if key in timed:
       row.update({k: v for k, v in timed[key].items() if k not in row}, status="ok",

@@ -101,7 +101,11 @@ def check_training_and_decode_rows(out, report):
                   "dense wt103_s widths 412/2053": "dense wt103_s",
                   "dense wt103_s widths 416/2056": "dense wt103_s",
                   "sigma_moe wt103_s width 412": "sigma_moe wt103_s",
-                  "sigma_moe wt103_s width 416": "sigma_moe wt103_s"}
+                  "sigma_moe wt103_s width 416": "sigma_moe wt103_s",
+                  "dense wt103_s threefry": "dense wt103_s"}
+  assert {r["model"]: r["rng_impl"] for r in rows if r["comparison"] == "dropout_rng"} == {
+      "dense wt103_s threefry": "threefry", "dense wt103_s rbg": "rbg",
+      "dense wt103_s unsafe_rbg": "unsafe_rbg"}
   assert {r["model"] for r in rows if r["scan_layers"]} == {
       "dense wt103_s scanned", "sigma_moe wt103_s scanned", "moeut 44m scanned"}
   step_ms = {r["model"]: r["step_ms"] for r in rows}
@@ -246,6 +250,19 @@ def test_aligned_widths_rows():
       model.update(d_model=None)
       model["ff"].pop("d_ff", None)
     assert models[0] == models[1]
+
+
+def test_dropout_rng_rows_differ_only_in_the_prng():
+  """At size, the three rows are the dense WT-103 S step with each `train.rng_impl`: one
+  model, one batch, three keys (`model_key`), so none is mistaken for another."""
+  rows = gpu_suite.training_configs(["dropout_rng"], smoke=False)
+  assert [config.train.get("rng_impl", "threefry") for *_, config in rows] == [
+      "threefry", "rbg", "unsafe_rbg"]
+  keys = [gpu_suite.model_key(config) for *_, config in rows]
+  assert len(set(keys)) == 3 and len({key[0] for key in keys}) == 1
+  for *_, config in rows:
+    config.train.rng_impl = "threefry"
+  assert len({gpu_suite.model_key(config) for *_, config in rows}) == 1
 
 
 def test_roofline_bound_is_the_slower_of_compute_and_memory():
