@@ -3,17 +3,24 @@ Transformer-XL attention (Triton).
 
     python -m benchmarks.tune_blocks --out DIR [--budget_s 120] [--kernels cvmm,xl_attention]
         [--tokens 32768 --d_model 1024 --experts 128]
+    python -m benchmarks.tune_blocks --kernels xl_attention --deviceless h100 --out benchmarks
 
 cvmm: times each kernel alone (forward, input gradient, weight gradient) for the sigma-MoE
 up projection (K = d_model, N = G) and down projection (K = G, N = d_model), bf16, uniform
 random top-K routing. XL attention (`pallas_kernels.xl_attention`, at the WT-103 S layer:
 batch 64, 10 heads of 41 padded to 48 as the XL layer passes them, segment and memory 256,
-bf16): the forward kernel's tiles on the forward pass, and the two backward kernels' (one
-tile shape for both) on forward + backward. Each over a small grid of tile shapes; reports
-per kernel and shape the default tiles' time, the best tiles and their time. Tiles that do
-not fit (shared memory, registers) fail to compile and are recorded as errors. The defaults
-live beside each kernel (`matmul_blocks`, `weight_grad_blocks`, `xl_blocks`); this script
-only measures.
+bf16): the forward kernel's tiles on the forward pass, and each backward kernel's (dk/dv,
+dq) on forward + backward, the other kernels at their default tiles. Each over a small grid of
+tile shapes; reports per kernel and shape the default tiles' time, the best tiles and their
+time. Tiles that do not fit (shared memory, registers) fail to compile and are recorded as
+errors. The defaults live beside each kernel (`matmul_blocks`, `weight_grad_blocks`,
+`xl_blocks`); this script only measures.
+`--deviceless TARGET` (the compile extra, XL attention only) times nothing: it compiles each
+XL candidate for TARGET on this machine and records what ptxas reports of its kernel
+(registers, spilled bytes, occupancy, shared memory) and its matmul instructions (Hopper's
+wgmma or Ampere's mma.sync: Triton emits wgmma only for tiles a warpgroup can take), into
+`tune_blocks_deviceless_<target>.json`; the XL candidates below are the tiles that do not
+spill on an H100.
 `--budget_s` shares its seconds equally between the (kernel, projection) sweeps: a sweep
 stops starting tiles once its share has passed (the rest read "skipped: time budget"), and
 the JSON is rewritten after every sweep, so a run that is killed keeps what it measured.
@@ -26,16 +33,20 @@ import json
 import math
 import os
 import sys
+import tempfile
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax.sharding import NamedSharding, PartitionSpec
+
 from benchmarks import cvmm as cvmm_benchmark
 from pallas_kernels import mosaic_matmul, mosaic_weight_grad, slot_layout, triton_matmul
 from pallas_kernels import triton_weight_grad
 from pallas_kernels.xl_attention import XLBlocks, XLTiles, xl_attention, xl_blocks
+from sparse_jax.aot import kernel_resources, targets
 
 _TRITON_MATMUL = [triton_matmul.MatmulBlocks(rows, cols, inner, num_warps=4, num_stages=stages)
                   for rows, cols, inner, stages in itertools.product(
@@ -43,13 +54,28 @@ _TRITON_MATMUL = [triton_matmul.MatmulBlocks(rows, cols, inner, num_warps=4, num
 _TRITON_WEIGHT_GRAD = [triton_weight_grad.WeightGradBlocks(rows_m, cols, inner)
                        for rows_m, cols, inner in itertools.product((64, 128), (64, 128), (32, 64))]
 _MOSAIC_MATMUL = [mosaic_matmul.MatmulBlocks(rows, cols, 64, stages)
-                  for rows, cols, stages in itertools.product((64, 128), (64, 128, 256), (2, 3, 4, 5))]
+                  for rows, cols, stages in itertools.product((64, 128), (64, 128, 256),
+                                                              (2, 3, 4, 5))]
 _MOSAIC_WEIGHT_GRAD = [mosaic_weight_grad.WeightGradBlocks(rows_m, cols, inner, stages)
                        for rows_m, cols, inner, stages in itertools.product(
                            (64, 128), (64, 128), (64, 128), (2, 3, 4))]
-# XL attention: (q, k, warps, stages); the head's register width comes from the problem.
-_XL_FORWARD = list(itertools.product((32, 64, 128), (32, 64), (4, 8), (2, 3)))
-_XL_BACKWARD = list(itertools.product((32, 64), (32, 64), (4, 8), (2, 3)))
+# XL attention, per kernel: (q, k, warps, stages), the head's register width from the problem.
+# None spills on an H100 at the WT-103 S layer (`--deviceless h100`,
+# benchmarks/tune_blocks_deviceless_h100.json); beside the defaults, tiles of 64 or 128 rows
+# in the kernel's matmuls, which Triton compiles to wgmma where 32 rows give mma.sync (the
+# backward kernels' default: the dq kernel's rows are queries, the dk/dv kernel's keys).
+_XL_CANDIDATES = {
+    "forward": [(32, 32, 4, 2), (32, 64, 8, 2), (64, 32, 4, 2), (64, 32, 8, 2), (64, 32, 8, 3),
+                (64, 64, 4, 2), (64, 64, 8, 3), (128, 32, 4, 2), (128, 32, 8, 2),
+                (128, 64, 8, 2)],
+    "dkdv": [(32, 32, 8, 2), (32, 64, 8, 2), (64, 32, 8, 2), (64, 64, 4, 2), (64, 64, 8, 2),
+             (64, 64, 8, 3), (32, 128, 8, 2), (128, 32, 8, 2), (128, 64, 8, 2)],
+    "dq": [(32, 32, 8, 2), (32, 64, 8, 2), (64, 32, 4, 2), (64, 32, 4, 3), (64, 32, 8, 2),
+           (64, 32, 8, 3), (64, 64, 8, 2), (128, 32, 8, 2), (128, 32, 8, 3)],
+}
+# The WT-103 S layer (batch, segment, memory, heads, head width padded to 16-byte rows), and
+# a toy one for --smoke.
+_XL_SHAPE, _XL_SMOKE_SHAPE = (64, 256, 256, 10, 48), (2, 16, 8, 2, 8)
 KERNELS = ("cvmm", "xl_attention")
 
 
@@ -67,11 +93,16 @@ def _parse(argv):
   parser.add_argument("--kernels", default=",".join(KERNELS),
                       help=f"comma-separated, of {', '.join(KERNELS)}")
   parser.add_argument("--smoke", action="store_true", help="tiny shapes, CPU, 2 tiles each")
+  parser.add_argument("--deviceless", default=None, metavar="TARGET",
+                      help="compile the XL candidates for TARGET (h100, a100) and record their "
+                           "ptxas reports instead of timing")
   args = parser.parse_args(argv)
   args.kernels = args.kernels.split(",")
   unknown = sorted(set(args.kernels) - set(KERNELS))
   if unknown:
     parser.error(f"--kernels: unknown {unknown}; choose from {', '.join(KERNELS)}")
+  if args.deviceless and args.kernels != ["xl_attention"]:
+    parser.error("--deviceless reports the XL attention's tiles only: add --kernels xl_attention")
   return args
 
 
@@ -120,24 +151,85 @@ def _xl_problem(batch, seq_len, mem_len, heads, head_dim, seed=0) -> tuple:
           as_bf16(keys, heads, head_dim), jnp.float32(head_dim ** -0.5), jnp.int32(mem_len))
 
 
+def _xl_passes(interpret: bool | None) -> dict:
+  """kernel -> the jitted pass that runs it, `pass_(tiles, *inputs)`: the forward pass for the
+  forward kernel, forward + backward for the backward kernels (interpret: as `xl_attention`)."""
+  attend = lambda tiles, *a: xl_attention(*a, interpret=interpret, tiles=tiles)
+  gradient = jax.grad(lambda tiles, *a: jnp.sum(attend(tiles, *a).astype(jnp.float32)),
+                      argnums=(1, 2, 3, 4, 5))
+  backward = jax.jit(gradient, static_argnums=0)
+  return {"forward": jax.jit(attend, static_argnums=0), "dkdv": backward, "dq": backward}
+
+
+def _xl_tiles(kernel: str, candidate, width: int) -> XLTiles:
+  """`kernel`'s candidate (q, k, warps, stages) as tiles, the others at their defaults."""
+  if candidate is None:
+    return XLTiles()
+  q, k, warps, stages = candidate
+  return XLTiles(**{kernel: XLBlocks(q, k, width, num_warps=warps, num_stages=stages)})
+
+
 def _xl_calls(args: tuple, interpret: bool) -> dict:
-  """name -> (candidate tiles, fn(blocks) -> the jitted pass with those tiles): the forward
-  pass for the forward kernel's tiles, forward + backward for the backward kernels'."""
+  """name -> (candidate tiles, fn(candidate) -> its kernel's pass with those tiles)."""
   q_u, _, k = args[:3]
-  t, kk, d = q_u.shape[1], k.shape[1], q_u.shape[-1]
-  width = xl_blocks(t, kk, d, q_u.dtype).d
-  forward = jax.jit(lambda tiles, *a: xl_attention(*a, interpret=interpret, tiles=tiles),
-                    static_argnums=0)
-  loss = lambda *a, tiles: jnp.sum(xl_attention(*a, interpret=interpret, tiles=tiles)
-                                   .astype(jnp.float32))
-  gradient = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4)), static_argnames="tiles")
-  blocks = lambda c: XLBlocks(c[0], c[1], width, num_warps=c[2], num_stages=c[3])
-  return {
-      "xl_attention_forward": (_XL_FORWARD, lambda c: forward(
-          XLTiles(forward=c and blocks(c)), *args)),
-      "xl_attention_backward": (_XL_BACKWARD, lambda c: gradient(
-          *args, tiles=XLTiles(dkdv=c and blocks(c), dq=c and blocks(c)))),
-  }
+  width = xl_blocks(q_u.shape[1], k.shape[1], q_u.shape[-1], q_u.dtype).d
+  return {f"xl_attention_{kernel}": (
+      _XL_CANDIDATES[kernel],
+      lambda c, kernel=kernel, pass_=pass_: pass_(_xl_tiles(kernel, c, width), *args))
+          for kernel, pass_ in _xl_passes(interpret or None).items()}
+
+
+def _xl_deviceless(target_name: str, out_dir: str) -> list[dict]:
+  """Each XL kernel's default and candidate tiles compiled for `target_name` at the WT-103 S
+  layer: the kernel's ptxas report and matmul instructions, one row each; written to
+  `out_dir/tune_blocks_deviceless_<target>.json`."""
+  target = targets.parse_target(target_name)
+  mesh = targets.one_device_mesh(target)
+  sharding = NamedSharding(mesh, PartitionSpec())
+  inputs = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+            for x in _xl_problem(*_XL_SHAPE)]
+  width = xl_blocks(_XL_SHAPE[1], _XL_SHAPE[1] + _XL_SHAPE[2], _XL_SHAPE[4], jnp.bfloat16).d
+  rows = []
+  for kernel, pass_ in _xl_passes(None).items():
+    for candidate in [None, *_XL_CANDIDATES[kernel]]:
+      tiles = _xl_tiles(kernel, candidate, width)
+      with tempfile.TemporaryDirectory() as dump, jax.set_mesh(mesh):
+        pass_.trace(tiles, *inputs).lower(
+            lowering_platforms=(target.lowering_platform,)).compile(
+                kernel_resources.dump_options(dump))
+        [found] = [r for r in kernel_resources.kernel_resources(dump, target, "xl_attention")
+                   if r.name == f"xl_attention_{kernel}"]
+      blocks = tiles.of(kernel, _XL_SHAPE[1], _XL_SHAPE[1] + _XL_SHAPE[2], _XL_SHAPE[4],
+                        jnp.bfloat16)
+      rows.append({"kernel": kernel, "default": candidate is None,
+                   "blocks": _describe((blocks.q, blocks.k, blocks.num_warps,
+                                        blocks.num_stages)),
+                   "registers": found.registers,
+                   "spill_bytes": found.spill_stores + found.spill_loads,
+                   "occupancy": found.occupancy, "shared_bytes": found.shared_bytes,
+                   "wgmma": found.ptx["wgmma"], "mma_sync": found.ptx["mma_sync"]})
+      print(f"  {rows[-1]}", file=sys.stderr)
+  path = os.path.join(out_dir, f"tune_blocks_deviceless_{target_name}.json")
+  with open(path, "w") as f:
+    json.dump({"meta": {"target": target_name, "jax": jax.__version__,
+                        "shape": dict(zip(("batch", "seq_len", "mem_len", "heads",
+                                           "head_width"), _XL_SHAPE))},
+               "rows": rows}, f, indent=1)
+  print(_deviceless_markdown(rows))
+  return rows
+
+
+def _deviceless_markdown(rows) -> str:
+  lines = ["| kernel | q x k, warps, stages | registers | spilled bytes | occupancy | "
+           "shared KiB | wgmma / mma.sync |", "|---|---|---:|---:|---:|---:|---|"]
+  for r in rows:
+    b = r["blocks"]
+    tiles = (f"{b['q']} x {b['k']}, {b['num_warps']}, {b['num_stages']}"
+             + (" (default)" if r["default"] else ""))
+    lines.append(f"| {r['kernel']} | {tiles} | {r['registers']} | {r['spill_bytes']} | "
+                 f"{r['occupancy']:.3f} | {r['shared_bytes'] / 1024:.1f} | "
+                 f"{r['wgmma']} / {r['mma_sync']} |")
+  return "\n".join(lines)
 
 
 def _sweeps(args) -> list[tuple]:
@@ -150,7 +242,7 @@ def _sweeps(args) -> list[tuple]:
       for name, (candidates, run) in _kernel_calls(problem, interpret=args.smoke).items():
         sweeps.append((name, projection, candidates, run))
   if "xl_attention" in args.kernels:
-    shape = (2, 16, 8, 2, 8) if args.smoke else (64, 256, 256, 10, 48)
+    shape = _XL_SMOKE_SHAPE if args.smoke else _XL_SHAPE
     for name, (candidates, run) in _xl_calls(_xl_problem(*shape), args.smoke).items():
       sweeps.append((name, "wt103_s", candidates, run))
   return sweeps
@@ -189,7 +281,8 @@ def _summary(name, projection, rows) -> dict:
   default = rows[0]
   return {"kernel": name, "projection": projection, "default_ms": default.get("ms"),
           "default_error": default.get("error"), "best_ms": best and best["ms"],
-          "best_blocks": best and best["blocks"], "tried": len(rows), "failed": len(rows) - len(timed)}
+          "best_blocks": best and best["blocks"], "tried": len(rows),
+          "failed": len(rows) - len(timed)}
 
 
 def _markdown(summaries) -> str:
@@ -204,6 +297,9 @@ def _markdown(summaries) -> str:
 
 def main(argv=None) -> list[dict]:
   args = _parse(argv)
+  if args.deviceless:
+    os.makedirs(args.out, exist_ok=True)
+    return _xl_deviceless(args.deviceless, args.out)
   if args.smoke:
     args.tokens, args.d_model, args.group, args.k, args.experts, args.repeats = 48, 64, 64, 2, 4, 1
   elif jax.default_backend() != "gpu":

@@ -16,7 +16,7 @@ def test_sweep_reports_the_best_tiles_and_records_failures(tmp_path):
   assert {(s["kernel"], s["projection"]) for s in summaries} == {
       (k, p) for k in ("triton_forward", "triton_weight_grad", "mosaic_forward",
                        "mosaic_input_grad", "mosaic_weight_grad") for p in ("up", "down")} | {
-      ("xl_attention_forward", "wt103_s"), ("xl_attention_backward", "wt103_s")}
+      (f"xl_attention_{k}", "wt103_s") for k in ("forward", "dkdv", "dq")}
   for s in summaries:
     rows = saved["details"][f"{s['kernel']}/{s['projection']}"]
     if not s["kernel"].startswith("mosaic"):  # Interpret mode runs every candidate.
@@ -30,12 +30,27 @@ def test_sweep_reports_the_best_tiles_and_records_failures(tmp_path):
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="the CPU smoke run")
 def test_the_xl_sweep_alone_names_its_tiles(tmp_path):
   summaries = tune_blocks.main(["--smoke", "--kernels", "xl_attention", "--out", str(tmp_path)])
-  assert [s["kernel"] for s in summaries] == ["xl_attention_forward", "xl_attention_backward"]
+  assert [s["kernel"] for s in summaries] == [
+      "xl_attention_forward", "xl_attention_dkdv", "xl_attention_dq"]
   rows = json.loads((tmp_path / "tune_blocks.json").read_text())["details"][
-      "xl_attention_backward/wt103_s"]
-  assert rows[1]["blocks"] == {"q": 32, "k": 32, "num_warps": 4, "num_stages": 2}
+      "xl_attention_dq/wt103_s"]
+  assert rows[1]["blocks"] == {"q": 32, "k": 32, "num_warps": 8, "num_stages": 2}
   with pytest.raises(SystemExit):
     tune_blocks.main(["--smoke", "--kernels", "cvmm,flash", "--out", str(tmp_path)])
+  with pytest.raises(SystemExit):  # The deviceless report covers the XL kernels only.
+    tune_blocks.main(["--deviceless", "h100", "--out", str(tmp_path)])
+
+
+def test_each_xl_candidate_sets_its_own_kernels_tiles_only():
+  """A dk/dv candidate leaves the dq and forward kernels at the rule's tiles, and so on."""
+  for kernel, candidates in tune_blocks._XL_CANDIDATES.items():
+    q, k, warps, stages = candidates[0]
+    tiles = tune_blocks._xl_tiles(kernel, candidates[0], 64)
+    assert getattr(tiles, kernel) == tune_blocks.XLBlocks(q, k, 64, num_warps=warps,
+                                                          num_stages=stages)
+    assert all(getattr(tiles, other) is None for other in tune_blocks._XL_CANDIDATES
+               if other != kernel)
+  assert tune_blocks._xl_tiles("dq", None, 64) == tune_blocks.XLTiles()
 
 
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="the CPU smoke run")

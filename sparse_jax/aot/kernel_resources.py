@@ -6,7 +6,9 @@ thunk sequence (every launch with its grid, threads per block and shared memory)
 registers per thread and the bytes spilled to local memory. From registers, threads and
 shared memory follows the theoretical occupancy: how many of the SM's thread slots resident
 blocks can fill (CUDA Occupancy Calculator's rule, allocation granularities included). The
-PTX also tells how wide a Triton kernel's global loads are (`global_load_bytes`).
+PTX also tells how wide a Triton kernel's global loads are (`global_load_bytes`) and which
+tensor-core instructions its matmuls became (`ptx_instructions`: Hopper's wgmma, or Ampere's
+mma.sync, which Triton emits for tiles too small for a warpgroup).
 
 Mosaic GPU kernels are compiled by the CUDA plugin itself, not by XLA's pipeline: their PTX
 (ISA 9.0, beyond the CUDA 12 ptxas) is not in XLA's dumps. Under `mosaic_dump(DIR)` the plugin
@@ -52,8 +54,8 @@ class KernelResources:
   spill_stores: int  # Bytes per thread.
   spill_loads: int
   occupancy: float  # Resident threads / the SM's thread slots, 0..1.
-  # Mosaic GPU kernels: the PTX target and how many of Hopper's instructions the PTX holds
-  # (`ptx_instructions`); None for Triton's (a PTX file of XLA's holds many kernels).
+  # The PTX target (None for Triton's: a PTX file of XLA's holds many kernels) and how many of
+  # `MATMUL_INSTRUCTIONS` the kernel's PTX holds (`ptx_instructions`).
   ptx: dict | None = None
   # Triton kernels: {bytes per thread: count} of their global loads (`global_load_bytes`).
   load_bytes: dict | None = None
@@ -63,19 +65,21 @@ class KernelResources:
     return self.spill_stores > 0 or self.spill_loads > 0
 
 
-# Hopper's asynchronous warpgroup matmul and its tensor-memory-accelerator (TMA) bulk copies.
-HOPPER_INSTRUCTIONS = {"wgmma": "wgmma.mma_async", "tma": "cp.async.bulk.tensor"}
+# Hopper's asynchronous warpgroup matmul and its tensor-memory-accelerator (TMA) bulk copies,
+# and the warp-level matmul of Ampere (and of Hopper kernels whose tiles fit no warpgroup).
+MATMUL_INSTRUCTIONS = {"wgmma": "wgmma.mma_async", "tma": "cp.async.bulk.tensor",
+                       "mma_sync": "mma.sync"}
 _PTX_TARGET = re.compile(r"^\.target\s+(\S+)", re.MULTILINE)
 
 
 def ptx_instructions(ptx_text: str) -> dict:
-  """`{"target": the .target line's SM, name: count}` for each of `HOPPER_INSTRUCTIONS`: its
+  """`{"target": the .target line's SM, name: count}` for each of `MATMUL_INSTRUCTIONS`: its
   mnemonic where an instruction starts (a line's start, after a predicate such as `@%p24`, or
   after `;` or `{` in the inline-assembly blocks Mosaic writes)."""
   target = _PTX_TARGET.search(ptx_text)
   counts = {name: len(re.findall(r"(?:^|[;{}]|@!?%\w+)\s*" + re.escape(mnemonic) + r"\.",
                                  ptx_text, re.MULTILINE))
-            for name, mnemonic in HOPPER_INSTRUCTIONS.items()}
+            for name, mnemonic in MATMUL_INSTRUCTIONS.items()}
   return {"target": target and target[1], **counts}
 
 
@@ -197,17 +201,19 @@ def kernel_resources(dump_dir: str, target: targets.Target,
   if ptxas_path() is None:
     raise RuntimeError("ptxas not found: pip install -e \".[compile]\" (nvidia-cuda-nvcc-cu12)")
   launches = _launches(dump_dir, prefix)
-  reports, loads = {}, {}
+  reports, loads, instructions = {}, {}, {}
   for ptx in glob.glob(os.path.join(dump_dir, "*.ptx")):
     with open(ptx, encoding="utf-8") as f:
       entries = {name: text for name, text in entry_ptx(f.read()).items() if name in launches}
     if entries:
       reports.update(_ptxas(ptx, target.sm))
       loads.update({name: global_load_bytes(text) for name, text in entries.items()})
+      instructions.update({name: ptx_instructions(text) for name, text in entries.items()})
   return [KernelResources(
       name=name, **launch, **reports[name],
       occupancy=occupancy(target.spec, launch["threads"], reports[name]["registers"],
-                          launch["shared_bytes"]), load_bytes=loads[name])
+                          launch["shared_bytes"]), ptx=instructions[name],
+      load_bytes=loads[name])
           for name, launch in sorted(launches.items()) if name in reports]
 
 

@@ -138,7 +138,8 @@ def test_ptx_instructions_counts_where_instructions_start():
       "\t@%p24 cp.async.bulk.tensor.4d.shared::cluster.global [%r3], [%rd1];",
       "\t@!%p2 cp.async.bulk.tensor.2d.global.shared::cta [%rd2], [%r4];",
       "\t// wgmma.mma_async in a comment", "\tmma.sync.aligned.m16n8k16.row.col {%r5};"])
-  assert kernel_resources.ptx_instructions(ptx) == {"target": "sm_90a", "wgmma": 2, "tma": 2}
+  assert kernel_resources.ptx_instructions(ptx) == {"target": "sm_90a", "wgmma": 2, "tma": 2,
+                                                    "mma_sync": 1}
 
 
 def test_global_load_bytes_reads_each_entrys_loads():
