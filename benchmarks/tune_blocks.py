@@ -64,14 +64,13 @@ _MOSAIC_WEIGHT_GRAD = [mosaic_weight_grad.WeightGradBlocks(rows_m, cols, inner, 
 # benchmarks/tune_blocks_deviceless_h100.json); beside the defaults, tiles of 64 or 128 rows
 # in the kernel's matmuls, which Triton compiles to wgmma where 32 rows give mma.sync (the
 # backward kernels' default: the dq kernel's rows are queries, the dk/dv kernel's keys).
-_XL_CANDIDATES = {
-    "forward": [(32, 32, 4, 2), (32, 64, 8, 2), (64, 32, 4, 2), (64, 32, 8, 2), (64, 32, 8, 3),
-                (64, 64, 4, 2), (64, 64, 8, 3), (128, 32, 4, 2), (128, 32, 8, 2),
-                (128, 64, 8, 2)],
-    "dkdv": [(32, 32, 8, 2), (32, 64, 8, 2), (64, 32, 8, 2), (64, 64, 4, 2), (64, 64, 8, 2),
-             (64, 64, 8, 3), (32, 128, 8, 2), (128, 32, 8, 2), (128, 64, 8, 2)],
-    "dq": [(32, 32, 8, 2), (32, 64, 8, 2), (64, 32, 4, 2), (64, 32, 4, 3), (64, 32, 8, 2),
-           (64, 32, 8, 3), (64, 64, 8, 2), (128, 32, 8, 2), (128, 32, 8, 3)],
+_XL_CANDIDATES = {  # Each list in the order a budget cut should spare: wgmma tiles first.
+    "forward": [(64, 32, 8, 2), (64, 32, 4, 2), (128, 32, 8, 2), (128, 32, 4, 2), (64, 64, 8, 3),
+                (64, 32, 8, 3), (64, 64, 4, 2), (128, 64, 8, 2), (32, 64, 8, 2), (32, 32, 4, 2)],
+    "dkdv": [(64, 64, 8, 2), (64, 64, 4, 2), (64, 32, 8, 2), (128, 64, 8, 2), (64, 64, 8, 3),
+             (32, 64, 8, 2), (128, 32, 8, 2), (32, 32, 8, 2), (32, 128, 8, 2)],
+    "dq": [(64, 32, 4, 2), (64, 32, 8, 2), (128, 32, 8, 2), (64, 64, 8, 2), (64, 32, 4, 3),
+           (64, 32, 8, 3), (128, 32, 8, 3), (32, 32, 8, 2), (32, 64, 8, 2)],
 }
 # The WT-103 S layer (batch, segment, memory, heads, head width padded to 16-byte rows), and
 # a toy one for --smoke.

@@ -34,7 +34,7 @@ def test_the_xl_sweep_alone_names_its_tiles(tmp_path):
       "xl_attention_forward", "xl_attention_dkdv", "xl_attention_dq"]
   rows = json.loads((tmp_path / "tune_blocks.json").read_text())["details"][
       "xl_attention_dq/wt103_s"]
-  assert rows[1]["blocks"] == {"q": 32, "k": 32, "num_warps": 8, "num_stages": 2}
+  assert rows[1]["blocks"] == {"q": 64, "k": 32, "num_warps": 4, "num_stages": 2}
   with pytest.raises(SystemExit):
     tune_blocks.main(["--smoke", "--kernels", "cvmm,flash", "--out", str(tmp_path)])
   with pytest.raises(SystemExit):  # The deviceless report covers the XL kernels only.
