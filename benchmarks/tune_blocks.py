@@ -39,7 +39,6 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from jax.sharding import NamedSharding, PartitionSpec
 
 from benchmarks import cvmm as cvmm_benchmark

@@ -55,7 +55,7 @@ class KernelResources:
   spill_loads: int
   occupancy: float  # Resident threads / the SM's thread slots, 0..1.
   # The PTX target (None for Triton's: a PTX file of XLA's holds many kernels) and how many of
-  # `MATMUL_INSTRUCTIONS` the kernel's PTX holds (`ptx_instructions`).
+  # `COUNTED_INSTRUCTIONS` the kernel's PTX holds (`ptx_instructions`).
   ptx: dict | None = None
   # Triton kernels: {bytes per thread: count} of their global loads (`global_load_bytes`).
   load_bytes: dict | None = None
@@ -67,19 +67,19 @@ class KernelResources:
 
 # Hopper's asynchronous warpgroup matmul and its tensor-memory-accelerator (TMA) bulk copies,
 # and the warp-level matmul of Ampere (and of Hopper kernels whose tiles fit no warpgroup).
-MATMUL_INSTRUCTIONS = {"wgmma": "wgmma.mma_async", "tma": "cp.async.bulk.tensor",
+COUNTED_INSTRUCTIONS = {"wgmma": "wgmma.mma_async", "tma": "cp.async.bulk.tensor",
                        "mma_sync": "mma.sync"}
 _PTX_TARGET = re.compile(r"^\.target\s+(\S+)", re.MULTILINE)
 
 
 def ptx_instructions(ptx_text: str) -> dict:
-  """`{"target": the .target line's SM, name: count}` for each of `MATMUL_INSTRUCTIONS`: its
+  """`{"target": the .target line's SM, name: count}` for each of `COUNTED_INSTRUCTIONS`: its
   mnemonic where an instruction starts (a line's start, after a predicate such as `@%p24`, or
   after `;` or `{` in the inline-assembly blocks Mosaic writes)."""
   target = _PTX_TARGET.search(ptx_text)
   counts = {name: len(re.findall(r"(?:^|[;{}]|@!?%\w+)\s*" + re.escape(mnemonic) + r"\.",
                                  ptx_text, re.MULTILINE))
-            for name, mnemonic in MATMUL_INSTRUCTIONS.items()}
+            for name, mnemonic in COUNTED_INSTRUCTIONS.items()}
   return {"target": target and target[1], **counts}
 
 
