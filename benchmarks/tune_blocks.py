@@ -159,21 +159,28 @@ def _xl_passes(interpret: bool | None) -> dict:
   return {"forward": jax.jit(attend, static_argnums=0), "dkdv": backward, "dq": backward}
 
 
-def _xl_tiles(kernel: str, candidate, width: int) -> XLTiles:
-  """`kernel`'s candidate (q, k, warps, stages) as tiles, the others at their defaults."""
+def _xl_sizes(inputs) -> tuple:
+  """(T, K, head width, dtype) of the XL inputs (arrays or shapes), as `xl_blocks` and
+  `XLTiles.of` take them."""
+  q_u, _, k = inputs[:3]
+  return q_u.shape[1], k.shape[1], q_u.shape[-1], q_u.dtype
+
+
+def _xl_tiles(kernel: str, candidate, inputs) -> XLTiles:
+  """`kernel`'s candidate (q, k, warps, stages) as tiles for `inputs` (the head's register
+  width from `xl_blocks`), the others at their defaults."""
   if candidate is None:
     return XLTiles()
   q, k, warps, stages = candidate
+  width = xl_blocks(*_xl_sizes(inputs)).d
   return XLTiles(**{kernel: XLBlocks(q, k, width, num_warps=warps, num_stages=stages)})
 
 
 def _xl_calls(args: tuple, interpret: bool) -> dict:
   """name -> (candidate tiles, fn(candidate) -> its kernel's pass with those tiles)."""
-  q_u, _, k = args[:3]
-  width = xl_blocks(q_u.shape[1], k.shape[1], q_u.shape[-1], q_u.dtype).d
   return {f"xl_attention_{kernel}": (
       _XL_CANDIDATES[kernel],
-      lambda c, kernel=kernel, pass_=pass_: pass_(_xl_tiles(kernel, c, width), *args))
+      lambda c, kernel=kernel, pass_=pass_: pass_(_xl_tiles(kernel, c, args), *args))
           for kernel, pass_ in _xl_passes(interpret or None).items()}
 
 
@@ -186,19 +193,17 @@ def _xl_deviceless(target_name: str, out_dir: str) -> list[dict]:
   sharding = NamedSharding(mesh, PartitionSpec())
   inputs = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
             for x in _xl_problem(*_XL_SHAPE)]
-  width = xl_blocks(_XL_SHAPE[1], _XL_SHAPE[1] + _XL_SHAPE[2], _XL_SHAPE[4], jnp.bfloat16).d
   rows = []
   for kernel, pass_ in _xl_passes(None).items():
     for candidate in [None, *_XL_CANDIDATES[kernel]]:
-      tiles = _xl_tiles(kernel, candidate, width)
+      tiles = _xl_tiles(kernel, candidate, inputs)
       with tempfile.TemporaryDirectory() as dump, jax.set_mesh(mesh):
         pass_.trace(tiles, *inputs).lower(
             lowering_platforms=(target.lowering_platform,)).compile(
                 kernel_resources.dump_options(dump))
         [found] = [r for r in kernel_resources.kernel_resources(dump, target, "xl_attention")
                    if r.name == f"xl_attention_{kernel}"]
-      blocks = tiles.of(kernel, _XL_SHAPE[1], _XL_SHAPE[1] + _XL_SHAPE[2], _XL_SHAPE[4],
-                        jnp.bfloat16)
+      blocks = tiles.of(kernel, *_xl_sizes(inputs))
       rows.append({"kernel": kernel, "default": candidate is None,
                    "blocks": _describe((blocks.q, blocks.k, blocks.num_warps,
                                         blocks.num_stages)),

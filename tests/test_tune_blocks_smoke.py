@@ -3,6 +3,7 @@
 import json
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from benchmarks import tune_blocks
@@ -42,15 +43,20 @@ def test_the_xl_sweep_alone_names_its_tiles(tmp_path):
 
 
 def test_each_xl_candidate_sets_its_own_kernels_tiles_only():
-  """A dk/dv candidate leaves the dq and forward kernels at the rule's tiles, and so on."""
+  """A dk/dv candidate leaves the dq and forward kernels at the rule's tiles, and so on; its
+  head is 64 wide in registers at the WT-103 S layer (48 channels in memory)."""
+  batch, seq_len, mem_len, heads, head = tune_blocks._XL_SHAPE
+  queries = jax.ShapeDtypeStruct((batch, seq_len, heads, head), jnp.bfloat16)
+  keys = jax.ShapeDtypeStruct((batch, seq_len + mem_len, heads, head), jnp.bfloat16)
+  inputs = (queries, queries, keys)
   for kernel, candidates in tune_blocks._XL_CANDIDATES.items():
     q, k, warps, stages = candidates[0]
-    tiles = tune_blocks._xl_tiles(kernel, candidates[0], 64)
+    tiles = tune_blocks._xl_tiles(kernel, candidates[0], inputs)
     assert getattr(tiles, kernel) == tune_blocks.XLBlocks(q, k, 64, num_warps=warps,
                                                           num_stages=stages)
     assert all(getattr(tiles, other) is None for other in tune_blocks._XL_CANDIDATES
                if other != kernel)
-  assert tune_blocks._xl_tiles("dq", None, 64) == tune_blocks.XLTiles()
+  assert tune_blocks._xl_tiles("dq", None, inputs) == tune_blocks.XLTiles()
 
 
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="the CPU smoke run")
