@@ -25,6 +25,7 @@ from ml_collections import config_flags
 
 from sparse_jax import validation
 from sparse_jax.aot import targets
+from sparse_jax.cli import config_names
 from sparse_jax.config_overrides import switch_kinds
 from sparse_jax.data.sources import BadSourceError
 from sparse_jax.tasks import task_for, train_and_evaluate
@@ -53,7 +54,7 @@ def _define_config_flag():
   old kind's and the schemas reject typos. Without `--config`, absl parses the default file
   and its overrides right here."""
   try:
-    return config_flags.DEFINE_config_file("config", "configs/default.py",
+    return config_flags.DEFINE_config_file("config", config_names.packaged_path("default"),
                                            "Experiment config file (get_config()).",
                                            lock_config=False, accept_new_attributes=True)
   except (KeyError, AttributeError) as e:
@@ -104,9 +105,11 @@ def _parse_flags(argv: list[str]):
   """absl's flag parsing (with `--config=FILE`, the config and its overrides are parsed
   here)."""
   try:
-    return app.parse_flags_with_usage(argv)
+    return app.parse_flags_with_usage(config_names.resolve_argv(argv))
   except (KeyError, AttributeError) as e:
     _unknown_section(e)
+  except config_names.UnknownConfigError as e:
+    sys.exit(f"train.py: {e}")
 
 
 def main(argv):

@@ -128,7 +128,7 @@ def kernel_rows(target_names, impls, quick: bool):
 
 def _config(name: str, roberta_dir: str):
   module, _, argument = name.partition(":")
-  config = importlib.import_module(f"configs.{module.removesuffix('.py')}").get_config(
+  config = importlib.import_module(f"sparse_jax.configs.{module.removesuffix('.py')}").get_config(
       argument or None)
   if name.startswith("glue"):
     config.backbone.path = roberta_dir

@@ -18,7 +18,7 @@ import numpy as np
 
 from benchmarks.lm_train_step import LMTrainStep, abba_step_times
 from benchmarks.machine import machine_info, write_result
-from configs import default, default_dense
+from sparse_jax.configs import default, default_dense
 from sparse_jax import parallel
 
 

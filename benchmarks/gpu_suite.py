@@ -87,7 +87,7 @@ import numpy as np
 from benchmarks import cvmm as cvmm_benchmark
 from benchmarks import cvmm_side_by_side, decode, gpu_suite_tables, roofline, step_profile
 from benchmarks.lm_train_step import LMTrainStep
-from configs import moeut_paper, sigma_moe_paper, switchhead_paper, wt103_s_dense
+from sparse_jax.configs import moeut_paper, sigma_moe_paper, switchhead_paper, wt103_s_dense
 from pallas_kernels import IMPLS, cvmm
 from sparse_jax import parallel
 from sparse_jax.models.accounting import model_report

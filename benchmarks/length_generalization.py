@@ -26,7 +26,7 @@ import jax
 
 from benchmarks.machine import write_json
 from benchmarks.quality_small import logged_steps
-from configs import terraformer_arithmetic
+from sparse_jax.configs import terraformer_arithmetic
 from sparse_jax.tasks.runs import evaluate_checkpoint, train_to_completion
 from sparse_jax.tasks.selection import task_for
 from sparse_jax.training.metrics_log import logged_seconds, read_metrics

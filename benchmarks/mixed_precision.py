@@ -19,7 +19,7 @@ import statistics
 import tempfile
 
 from benchmarks.machine import machine_info
-from configs import default
+from sparse_jax.configs import default
 from sparse_jax.tasks.runs import train_to_completion
 from sparse_jax.training.metrics_log import latest_records, read_metrics
 

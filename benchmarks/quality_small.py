@@ -36,7 +36,7 @@ import time
 
 from benchmarks import prose_corpus
 from benchmarks.machine import machine_info, write_result
-from configs import quality_medium, quality_small, stall_medium, wt103_s_embedded
+from sparse_jax.configs import quality_medium, quality_small, stall_medium, wt103_s_embedded
 from sparse_jax.data.datasets import prepared_builder
 from sparse_jax.models.accounting import model_report
 from sparse_jax.tasks.runs import train_to_completion

@@ -24,7 +24,7 @@ import numpy as np
 
 from benchmarks.lm_train_step import LMTrainStep, abba_step_times
 from benchmarks.machine import machine_info, write_result
-from configs import default
+from sparse_jax.configs import default
 from sparse_jax import parallel
 from sparse_jax.tasks.lm import LanguageModelTask
 from sparse_jax.training.loop import MetricsWindow

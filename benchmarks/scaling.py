@@ -25,7 +25,7 @@ if __name__ == "__main__":  # before any JAX operation creates the CPU backend
 import numpy as np
 
 from benchmarks.lm_train_step import LMTrainStep
-from configs import default
+from sparse_jax.configs import default
 from sparse_jax import parallel
 
 AXES = {"data": 0, "fsdp": 1, "expert": 2}

@@ -20,7 +20,7 @@ import time
 
 import jax
 
-from configs import default, spartan_stdlib
+from sparse_jax.configs import default, spartan_stdlib
 from sparse_jax.tasks.runs import train_to_completion
 from sparse_jax.tasks.seed_runs import run_seeds
 

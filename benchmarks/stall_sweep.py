@@ -23,7 +23,7 @@ import os
 
 from benchmarks import quality_small
 from benchmarks.machine import machine_info, write_result
-from configs import quality_medium, stall_medium
+from sparse_jax.configs import quality_medium, stall_medium
 from sparse_jax.tasks import copy_score
 from sparse_jax.training.metrics_log import latest_records, read_metrics
 

@@ -29,7 +29,7 @@ from flax import nnx
 
 from benchmarks.lm_train_step import LMTrainStep, abba_step_times
 from benchmarks.machine import machine_info, write_result
-from configs import sigma_moe_paper, wt103_s_dense
+from sparse_jax.configs import sigma_moe_paper, wt103_s_dense
 from sparse_jax import parallel
 
 

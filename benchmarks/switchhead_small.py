@@ -37,7 +37,7 @@ from benchmarks.lm_train_step import LMTrainStep, abba_step_times
 from benchmarks.machine import machine_info, write_result
 from benchmarks.quality_small import (check_same_config, logged_steps, mean_sd,
                                       recorded_config, step_seconds)
-from configs import moeut_small, switchhead_small
+from sparse_jax.configs import moeut_small, switchhead_small
 from sparse_jax import parallel
 from sparse_jax.models.accounting import attention_report, model_report
 from sparse_jax.models.lm_config import head_dim_of, validate_model_config

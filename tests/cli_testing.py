@@ -11,6 +11,7 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
+from sparse_jax.cli import config_names
 from sparse_jax.config_overrides import switch_kinds
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,13 +36,14 @@ def run_script(script: str, *args: str, session_devices: bool = False
 def cli_config(*args: str) -> ml_collections.ConfigDict:
   """The config `train.py` trains for these flags (`--config=FILE[:STRING]` and
   `--config.x.y=v` overrides), parsed by the same absl config flag and `switch_kinds`."""
-  argv = ["train.py", *args]
   flag_values = flags.FlagValues()
   cwd = os.getcwd()
   os.chdir(REPO)  # Config files are named relative to the repository, as a user types them.
   try:
+    argv = config_names.resolve_argv(["train.py", *args])
     config_flag = config_flags.DEFINE_config_file(
-        "config", "configs/default.py", flag_values=flag_values, lock_config=False,
+        "config", config_names.packaged_path("default"), flag_values=flag_values,
+        lock_config=False,
         accept_new_attributes=True, sys_argv=argv)
     flag_values(argv)
   finally:

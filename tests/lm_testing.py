@@ -7,7 +7,7 @@ from flax import nnx
 
 def tiny_lm_config(stdlib_slice: str, data_dir: str):
   """The default config (a sigma-MoE LM) shrunk to a model and data that train in seconds."""
-  from configs import default
+  from sparse_jax.configs import default
 
   config = default.get_config()
   config.data.source_root = stdlib_slice

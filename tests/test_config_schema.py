@@ -6,7 +6,7 @@ from typing import Literal
 import ml_collections
 import pytest
 
-from configs import (default, default_dense, dense_paper, e8_dense, moe_variants, moeut_paper,
+from sparse_jax.configs import (default, default_dense, dense_paper, e8_dense, moe_variants, moeut_paper,
                      quality_medium, quality_small, scaling_small, sigma_moe_paper,
                      wt103_b_dense, wt103_b_one_gpu, wt103_s_dense, wt103_s_embedded)
 from sparse_jax import schema, validation

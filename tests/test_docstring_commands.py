@@ -54,7 +54,8 @@ import pytest
 from test_readme import ROOT, module_exists
 
 SCRIPTS = ("train.py", "eval.py", "figures.py", "glue_average.py")
-FILES = (sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "configs", "*.py")))
+FILES = (sorted(os.path.relpath(p, ROOT)
+                for p in glob.glob(os.path.join(ROOT, "sparse_jax", "configs", "*.py")))
          + sorted(os.path.relpath(p, ROOT)
                   for p in glob.glob(os.path.join(ROOT, "benchmarks", "*.py")))
          + list(SCRIPTS))
@@ -172,7 +173,7 @@ def config_args(command: Command) -> list[str]:
   for arg in command.args:
     value = arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg
     match = _CONFIG_ARG.match(value)
-    if match and os.path.isfile(os.path.join(ROOT, "configs", f"{match[1]}.py")):
+    if match and os.path.isfile(os.path.join(ROOT, "sparse_jax", "configs", f"{match[1]}.py")):
       found.append(value)
   return found
 
@@ -180,7 +181,7 @@ def config_args(command: Command) -> list[str]:
 def resolve_config(value: str):
   """`get_config(ARGS)` of `[configs/]NAME.py[:ARGS]`, as ml_collections' config flag calls it."""
   match = _CONFIG_ARG.match(value)
-  module = importlib.import_module(f"configs.{match[1]}")
+  module = importlib.import_module(f"sparse_jax.configs.{match[1]}")
   return module.get_config(match[2]) if match[2] is not None else module.get_config()
 
 

@@ -4,7 +4,7 @@ backend.
 Layers, lowest first (a module may import its own layer and those below it):
 validation/schema <- pallas_kernels, layers, parallel, data <- models, decoding <- finetune,
 aot <- training (the engine) <- tasks, config_overrides <- figures <- the `sparse_jax`
-package itself (whose `load` imports the tasks on call). Read from the source with `ast`, every
+package itself (whose `load` imports the tasks on call) <- the configs and the CLIs. Read from the source with `ast`, every
 import counted, also those inside functions and `TYPE_CHECKING` blocks.
 """
 
@@ -23,7 +23,8 @@ LAYERS = ({"sparse_jax.validation", "sparse_jax.schema"},
           {"sparse_jax.training"},
           {"sparse_jax.tasks", "sparse_jax.config_overrides"},
           {"sparse_jax.figures"},
-          {"sparse_jax"})
+          {"sparse_jax"},
+          {"sparse_jax.configs", "sparse_jax.cli"})
 
 
 def _modules() -> dict[str, str]:
@@ -120,12 +121,11 @@ def test_importing_the_package_and_configs_does_not_start_jax():
   starts, so no module may compute with JAX at import time (a module-level `jnp.zeros` broke
   multi-process training once)."""
   script = (
-      "import importlib, pkgutil, sparse_jax, configs\n"
+      "import importlib, pkgutil, sparse_jax\n"
       "from jax._src import xla_bridge\n"
-      "for package in (sparse_jax, configs):\n"
-      "  for info in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):\n"
-      "    importlib.import_module(info.name)\n"
-      "    assert not xla_bridge.backends_are_initialized(), info.name\n")
+      "for info in pkgutil.walk_packages(sparse_jax.__path__, 'sparse_jax.'):\n"
+      "  importlib.import_module(info.name)\n"
+      "  assert not xla_bridge.backends_are_initialized(), info.name\n")
   result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
                           text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
   assert result.returncode == 0, result.stderr[-1500:]

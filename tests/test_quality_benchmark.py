@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from benchmarks import prose_corpus, quality_small
-from configs import quality_medium, sigma_moe_paper, wt103_s_dense, wt103_s_embedded
+from sparse_jax.configs import quality_medium, sigma_moe_paper, wt103_s_dense, wt103_s_embedded
 from sparse_jax.models.accounting import model_report
 from sparse_jax.tasks.runs import RunInterrupted
 

@@ -103,7 +103,7 @@ def missing_commands(page: str) -> list[str]:
       elif target.endswith(".py") and not os.path.isfile(os.path.join(ROOT, target)):
         missing.append(f"python {target}")
   for name in re.findall(r"(?<![\w/])configs/(\w+)\.py", text(page)):
-    if not os.path.isfile(os.path.join(ROOT, "configs", f"{name}.py")):
+    if not os.path.isfile(os.path.join(ROOT, "sparse_jax", "configs", f"{name}.py")):
       missing.append(f"configs/{name}.py")
   return sorted(set(missing))
 

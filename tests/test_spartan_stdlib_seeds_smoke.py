@@ -4,7 +4,7 @@ the table and the JSON, and a second invocation that keeps finished methods."""
 import json
 
 from benchmarks import spartan_stdlib_seeds
-from configs import spartan_stdlib
+from sparse_jax.configs import spartan_stdlib
 from tests.lm_testing import tiny_lm_config
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from benchmarks import quality_small, stall_sweep
-from configs import stall_medium
+from sparse_jax.configs import stall_medium
 
 # (step, copy ratio) of a run that stalls (still copying hardly at all at step 1000, < 0.1 less
 # than at step 500) and of one that learns to copy.
@@ -119,7 +119,7 @@ def test_each_change_changes_only_what_it_names(model):
 def test_the_probe_trains_quality_mediums_first_quarter_on_its_schedule():
   """The recipe studied: `quality_medium` as the stalled runs trained it, with the N(0, 1)
   token embedding that was the default before the fix; the fix is now the default."""
-  from configs import quality_medium
+  from sparse_jax.configs import quality_medium
   from sparse_jax.tasks.selection import validate_config
   probe, full = stall_medium.get_config("dense/baseline"), quality_medium.get_config("dense")
   assert (probe.train.steps, probe.train.schedule_steps) == (1000, full.train.steps)

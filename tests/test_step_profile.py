@@ -9,7 +9,7 @@ from jax._src.profiler import ProfileData
 
 from benchmarks import roofline, step_profile
 from benchmarks.step_profile import Op, categorize
-from configs import default
+from sparse_jax.configs import default
 from sparse_jax.tasks import task_for
 
 H100 = roofline.PEAKS["NVIDIA H100 80GB HBM3"]

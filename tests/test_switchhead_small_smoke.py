@@ -8,8 +8,8 @@ import json
 import pytest
 
 from benchmarks import switchhead_small
-from configs import moeut_small
-from configs import switchhead_small as switchhead_small_config
+from sparse_jax.configs import moeut_small
+from sparse_jax.configs import switchhead_small as switchhead_small_config
 from sparse_jax.models.accounting import attention_report, model_report
 
 # Toy shapes per variant: (heads, head size); d_model 32 everywhere.

@@ -31,7 +31,17 @@ to the same places. Two exchanges do this (`exchange=`):
   a multi-GPU machine here: on GPUs it is opt-in (`exchange="ragged"`) until it has.
 
 Either way no slot is dropped and the result equals the single-device computation up to
-float reduction order. The local experts run over all received rows (padding included), so
+float reduction order.
+
+With a `tensor` axis of size > 1 every expert's `G` hidden units are split over it as well
+(Megatron's MLP split inside each expert: `w_up [E, d, G/t]`, `w_down [E, G/t, d]`, the rules
+of `sparse_jax.parallel`); the devices of a tensor group hold the same tokens, route them
+alike, run their slice of every selected expert (ReLU and the gate act per hidden unit, so a
+slice's output is a partial sum) and add the partial outputs with one `psum` over `tensor`:
+one all-reduce of `[N_l, d]` in the forward pass and, by its transpose, one of the input
+gradient in the backward. The map checks varying axes, so only kernels XLA can partition
+(`pallas_kernels.partitionable`: the XLA impls, interpret-mode Pallas) run under `tensor`; a
+GPU or TPU kernel there is a ValueError for now. The local experts run over all received rows (padding included), so
 the receive buffer also bounds their FLOPs.
 """
 
@@ -236,6 +246,52 @@ def _data_parallel(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, mesh, *, impl, 
   return mapped(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, *keys)
 
 
+def _expert_specs(mesh) -> tuple[P, P]:
+  """What a device holds of `w_up [E, d, G]` and `w_down [E, G, d]` inside the maps: whole
+  experts split over `expert` and their hidden units over `tensor` (`parallel`'s rules on
+  those two axes; fsdp and the rest are gathered at the map's edge)."""
+  only = (parallel.EXPERT, parallel.TENSOR)
+  return (parallel.partition_spec(("experts", None, "mlp"), mesh=mesh, only=only),
+          parallel.partition_spec(("experts", "mlp", None), mesh=mesh, only=only))
+
+
+def _sum_over_tensor(y_nd: jax.Array) -> jax.Array:
+  """The partial outputs of the `G` slices added over `tensor` (in float32)."""
+  return jax.lax.psum(y_nd.astype(jnp.float32), parallel.TENSOR).astype(y_nd.dtype)
+
+
+def _tensor_parallel(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, mesh, *, impl, rate, key):
+  """Every expert on every device of a tensor group, each device on its `G / t` slice of
+  them and on its tokens (module docstring). Each device folds its position over the batch
+  axes and `tensor` into the dropout key: its mask covers its own rows and units."""
+  check_expert_mesh(mesh, w_up_edg.shape[0], x_nd.shape[0])
+  mask_axes = parallel.mesh_axes("batch", mesh) + (parallel.TENSOR,)
+  tokens = parallel.partition_spec(("batch", None), mesh=mesh)
+  up, down = _expert_specs(mesh)
+
+  def body(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, *maybe_key):
+    key = (jax.random.fold_in(maybe_key[0], jax.lax.axis_index(mask_axes)) if maybe_key
+           else None)
+    return _sum_over_tensor(_local_experts(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd,
+                                           impl=impl, rate=rate, key=key))
+
+  keys = () if key is None else (key,)
+  mapped = jax.shard_map(body, in_specs=(tokens,) * 3 + (up, down) + (P(),) * len(keys),
+                         out_specs=tokens)
+  return mapped(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, *keys)
+
+
+def check_tensor_kernel(resolved: str, mesh) -> None:
+  """Raises ValueError for a GPU or TPU kernel (`pallas_kernels.partitionable`) on a mesh
+  with `tensor` > 1: running it on a slice of each expert's columns is not done yet."""
+  n_tp = parallel.axis_size(mesh, parallel.TENSOR)
+  if n_tp > 1 and not pallas_kernels.partitionable(resolved):
+    raise ValueError(
+        f"model.ff.impl resolves to {resolved!r}, a kernel that does not run split over "
+        f"mesh.tensor={n_tp} yet; use impl 'blocked' or 'ragged' (XLA) with tensor "
+        "parallelism.")
+
+
 def token_parallel_cvmm(x: jax.Array, sel_nk: jax.Array, w_eml: jax.Array,
                         gates_nk: jax.Array, *, impl: str = "auto") -> jax.Array:
   """`pallas_kernels.cvmm` (gated, `[N, L]`) on token rows split over the ambient mesh's batch
@@ -272,11 +328,15 @@ def apply_experts(x_nd: jax.Array, sel_nk: jax.Array, gates_nk: jax.Array,
   for the logical axes `batch` and `experts`.
   """
   mesh = jax.sharding.get_abstract_mesh()
-  n_ep = parallel.axis_size(mesh, parallel.EXPERT)
+  n_ep, n_tp = parallel.axis_size(mesh, parallel.EXPERT), parallel.axis_size(mesh, parallel.TENSOR)
   exchange = resolve_exchange(exchange, mesh)
   check_recv_factor(recv_factor)
+  resolved = pallas_kernels.resolve(impl, x_nd.dtype, w_up_edg.shape, w_down_egd.shape)
+  check_tensor_kernel(resolved, mesh)
   if n_ep == 1:
-    resolved = pallas_kernels.resolve(impl, x_nd.dtype, w_up_edg.shape, w_down_egd.shape)
+    if n_tp > 1:
+      return _tensor_parallel(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, mesh, impl=impl,
+                              rate=dropout_rate, key=dropout_key)
     if parallel.batch_shards(mesh) > 1 and not pallas_kernels.partitionable(resolved):
       return _data_parallel(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, mesh, impl=impl,
                             rate=dropout_rate, key=dropout_key)
@@ -285,15 +345,14 @@ def apply_experts(x_nd: jax.Array, sel_nk: jax.Array, gates_nk: jax.Array,
   check_expert_mesh(mesh, w_up_edg.shape[0], x_nd.shape[0])
   token_axes = parallel.mesh_axes("batch", mesh)
   tokens = parallel.partition_spec(("batch", None), mesh=mesh)  # `[N, ...]` token rows
-  # Inside the map a device holds whole experts: of `[E, M, L]` only `experts` is split.
-  experts = parallel.partition_spec(("experts", None, None), mesh=mesh)
-  check_vma = pallas_kernels.partitionable(
-      pallas_kernels.resolve(impl, x_nd.dtype, w_up_edg.shape, w_down_egd.shape))
+  # Inside the map a device holds whole experts (`experts` split), their units over `tensor`.
+  up, down = _expert_specs(mesh)
+  check_vma = pallas_kernels.partitionable(resolved)
   body = functools.partial(_expert_parallel_body, n_ep=n_ep, check_vma=check_vma,
                            exchange=exchange,
                            recv_factor=recv_factor, impl=impl, rate=dropout_rate,
                            token_axes=token_axes)
   keys = () if dropout_key is None else (dropout_key,)
-  mapped = jax.shard_map(body, in_specs=(tokens,) * 3 + (experts,) * 2 + (P(),) * len(keys),
+  mapped = jax.shard_map(body, in_specs=(tokens,) * 3 + (up, down) + (P(),) * len(keys),
                          out_specs=tokens, check_vma=check_vma)
   return mapped(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, *keys)

@@ -17,7 +17,7 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from configs import default
+from sparse_jax.configs import default
 from sparse_jax.aot import targets
 from sparse_jax.models.lm import TransformerLM
 from aot_testing import needs_gpu

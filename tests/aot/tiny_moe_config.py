@@ -1,7 +1,7 @@
 """A tiny sigma-MoE language model for the `--compile_only` tests: compiled, never trained,
 so no data is read. Every mesh axis but `data` is 1; `data` takes all the target's devices."""
 
-from configs import default
+from sparse_jax.configs import default
 
 
 def get_config():

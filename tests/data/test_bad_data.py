@@ -15,7 +15,7 @@ import tensorflow_datasets as tfds
 from lm_testing import tiny_lm_config
 
 import glue_testing
-from configs import glue
+from sparse_jax.configs import glue
 from sparse_jax.data import classification
 from sparse_jax.data.sources import BadSourceError
 from sparse_jax.tasks import train_and_evaluate

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from configs import e8_dense
+from sparse_jax.configs import e8_dense
 from sparse_jax import data
 from sparse_jax.data import enwik8, sources
 from sparse_jax.data.lm_stream import StreamSegments, train_iterator

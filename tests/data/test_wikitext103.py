@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from configs import wt103_s_dense
+from sparse_jax.configs import wt103_s_dense
 from sparse_jax import data
 from sparse_jax.data import sentencepiece_tokenizer, sources, wikitext103
 from sparse_jax.data.lm_stream import StreamSegments

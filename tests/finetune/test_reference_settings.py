@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs import finetune_common, glue, spartan_stdlib
+from sparse_jax.configs import finetune_common, glue, spartan_stdlib
 from sparse_jax.finetune import methods
 from sparse_jax.layers.adapters import BottleneckAdapter
 from sparse_jax.models.encoder import Encoder, roberta_base_config

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs import default
+from sparse_jax.configs import default
 from sparse_jax.layers import cudnn_attention
 from sparse_jax.layers.causal_attention import CausalSelfAttention, attend, causal_mask
 from sparse_jax.layers.switchhead_attention import SwitchHeadAttention

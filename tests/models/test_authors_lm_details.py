@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs import default, moe_variants, sigma_moe_paper
+from sparse_jax.configs import default, moe_variants, sigma_moe_paper
 from sparse_jax.layers import build_ff
 from sparse_jax.layers.xl_attention import RelativeMultiHeadAttention
 from sparse_jax.models import TransformerLM

@@ -95,7 +95,7 @@ def test_one_training_step_for_each_attention_kind(attention, extra):
 
 
 def test_scaling_transformer_configs_keep_the_parameter_count():
-  from configs import scaling_small
+  from sparse_jax.configs import scaling_small
 
   dense = model_report(scaling_small.get_config("dense").model)["total_params"]
   for variant in scaling_small.VARIANTS[1:]:

@@ -38,7 +38,7 @@ ROBERTA = os.path.join(os.path.dirname(__file__), "..", "data", "hf_reference", 
 
 def _config(spec: str, **overrides):
   path, _, arg = spec.partition(":")
-  module = importlib.import_module(f"configs.{path}")
+  module = importlib.import_module(f"sparse_jax.configs.{path}")
   config = module.get_config(arg) if arg else module.get_config()
   for dotted, value in overrides.items():
     section = config

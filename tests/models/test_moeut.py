@@ -11,7 +11,7 @@ from flax import nnx
 from lm_testing import decode_all
 
 import pallas_kernels
-from configs import default, moeut_paper
+from sparse_jax.configs import default, moeut_paper
 from sparse_jax.layers.moe import SigmaMoE
 from sparse_jax.models.accounting import model_report
 from sparse_jax.models.lm import TransformerLM

@@ -75,7 +75,7 @@ from flax import nnx
 from float64_helpers import apply_rotary_float64, cvmm_float64
 
 import pallas_kernels
-from configs import default
+from sparse_jax.configs import default
 from sparse_jax.layers import rotary
 from sparse_jax.models import moeut_regularizer as moeut_reg
 from sparse_jax.models.lm import TransformerLM

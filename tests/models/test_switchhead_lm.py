@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 from lm_testing import decode_all
 
-from configs import default
+from sparse_jax.configs import default
 from sparse_jax.models.lm import TransformerLM
 from sparse_jax.models.lm_config import validate_model_config
 from sparse_jax.training import routing_health

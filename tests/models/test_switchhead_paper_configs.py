@@ -6,7 +6,7 @@ shapes)."""
 
 import pytest
 
-from configs import switchhead_paper
+from sparse_jax.configs import switchhead_paper
 from sparse_jax.models.accounting import attention_report, model_report
 
 # model: paper's parameters, {variant: (attention MACs M, attention memory M floats)}.

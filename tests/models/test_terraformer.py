@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 import terraformer_testing
-from configs import terraformer_arithmetic
+from sparse_jax.configs import terraformer_arithmetic
 from sparse_jax.models.rngs import make_rngs
 from sparse_jax.models.terraformer import Terraformer, concat_with_padding, strip_decoder
 from sparse_jax.models.terraformer_config import TerraformerConfig

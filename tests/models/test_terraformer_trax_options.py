@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import terraformer_testing
-from configs import terraformer_arithmetic
+from sparse_jax.configs import terraformer_arithmetic
 from sparse_jax.models.rngs import make_rngs
 from sparse_jax.models.terraformer import Terraformer
 from sparse_jax.models.terraformer_blocks import AttentionHalf, FeedForwardHalf

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs import default
+from sparse_jax.configs import default
 from pallas_kernels import backends
 from pallas_kernels.xl_attention import (XL_IMPLS, XLBlocks, XLTiles, use_fused, xl_attention,
                                          xl_blocks)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs import default
+from sparse_jax.configs import default
 from lm_testing import tiny_lm_config
 from sparse_jax import parallel
 from sparse_jax.tasks import copy_score, train_and_evaluate

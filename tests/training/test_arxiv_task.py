@@ -7,7 +7,7 @@ import os
 import pytest
 from cli_testing import ONE_DEVICE, cli_config, run_script
 
-from configs import terraformer_arxiv
+from sparse_jax.configs import terraformer_arxiv
 from sparse_jax.data import rouge_metrics
 from sparse_jax.tasks import train_and_evaluate
 from sparse_jax.tasks import Seq2SeqTask, task_class, validate_config

@@ -4,7 +4,7 @@
 import jax
 import numpy as np
 
-from configs import terraformer_arithmetic
+from sparse_jax.configs import terraformer_arithmetic
 from sparse_jax import parallel
 from sparse_jax.tasks import task_for
 from sparse_jax.training.placement import Placement

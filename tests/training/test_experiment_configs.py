@@ -3,7 +3,7 @@ engine's (`train`, `eval`, `mesh`) and the fine-tuning ones (`backbone`, `method
 
 import pytest
 
-from configs import default, spartan_stdlib
+from sparse_jax.configs import default, spartan_stdlib
 from sparse_jax.tasks import validate_config
 from sparse_jax.validation import ConfigError
 

@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 from hf_testing import reference_copy
 
-from configs import glue
+from sparse_jax.configs import glue
 from sparse_jax.finetune import methods
 from sparse_jax.tasks import task_for, train_and_evaluate
 from sparse_jax.tasks.backbones import build_classifier, load_tokenizer

@@ -20,7 +20,7 @@ from training_testing import (assert_trees_equal, flat, free_port, patch_step, s
                               sigterm_at, train_losses)
 
 import sparse_jax
-from configs import glue
+from sparse_jax.configs import glue
 from sparse_jax import parallel
 from sparse_jax.finetune import methods
 from sparse_jax.tasks import ClassificationTask, task_for, train_and_evaluate

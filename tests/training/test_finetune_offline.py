@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from configs import default, spartan_stdlib
+from sparse_jax.configs import default, spartan_stdlib
 from sparse_jax.data import classification
 from sparse_jax.figures import spartan_cells
 from sparse_jax.layers.spartan import SpartanMemory

@@ -16,7 +16,7 @@ import scipy.stats
 from tensorboardX.proto import event_pb2
 from training_testing import patch_step
 
-from configs import glue
+from sparse_jax.configs import glue
 from sparse_jax.tasks import task_for, train_and_evaluate
 from sparse_jax.tasks.lm import build_model
 from sparse_jax.training.loop import MetricsWindow

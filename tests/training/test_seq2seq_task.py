@@ -12,7 +12,7 @@ from cli_testing import ONE_DEVICE, cli_config, run_script
 from training_testing import patch_step, sigterm_at
 
 import sparse_jax
-from configs import terraformer_arithmetic
+from sparse_jax.configs import terraformer_arithmetic
 from sparse_jax.data import arithmetic
 from sparse_jax.tasks import Seq2SeqTask, task_class, train_and_evaluate, validate_config
 from sparse_jax.tasks.runs import (RunInterrupted, evaluate_checkpoint, saved_config,

@@ -11,7 +11,7 @@ the paper's WT-S. `:dense` is the parameter-matched dense model (d_ff 2051).
     python train.py --config=configs/quality_medium.py:dense
 """
 
-from configs import default, sigma_moe_paper
+from sparse_jax.configs import default, sigma_moe_paper
 from sparse_jax.models.accounting import matched_dense_config
 
 VARIANTS = ("sigma_moe", "dense")

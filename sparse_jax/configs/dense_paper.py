@@ -8,7 +8,7 @@
 
 import ml_collections
 
-from configs import e8_dense, wt103_b_dense, wt103_s_dense
+from sparse_jax.configs import e8_dense, wt103_b_dense, wt103_s_dense
 
 MODELS = {
     "wt103_s": (wt103_s_dense, 2053),

@@ -16,7 +16,7 @@ warmup, cosine decay to 0.1 lr, 1200 steps, as `configs/switchhead_small.py`'s r
 
 import ml_collections
 
-from configs import default, moeut_paper
+from sparse_jax.configs import default, moeut_paper
 
 VARIANTS = ("moeut_dense", "moeut")
 D_MODEL = 200

@@ -19,7 +19,7 @@ placement is: the Terraformer's `model.decoder_qkv=sparse`).
 
 import ml_collections
 
-from configs import default
+from sparse_jax.configs import default
 from sparse_jax.models.accounting import attention_params, ff_layer_stats, match_block_params
 
 VARIANTS = ("dense", "ff", "qkv", "ff_qkv", "ff_qkv_loss")

@@ -12,7 +12,7 @@ matmuls' outputs); with `train.grad_accum_steps=2` instead 47 GiB (the same upda
 regulariser's per-micro-batch batch statistics, docs/training.md "Gradient accumulation").
 """
 
-from configs import sigma_moe_paper
+from sparse_jax.configs import sigma_moe_paper
 
 VARIANTS = ("remat", "accumulate")
 

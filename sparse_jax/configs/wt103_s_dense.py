@@ -8,7 +8,7 @@ or set `data.source_dir` to the extracted `wikitext-103-raw/`, or let the first 
 
 import ml_collections
 
-from configs import paper_training
+from sparse_jax.configs import paper_training
 
 
 def on_wikitext103(**sizes) -> ml_collections.ConfigDict:

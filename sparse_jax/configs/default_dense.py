@@ -1,6 +1,6 @@
 """The dense twin of `configs/default.py`: the same model with the matched dense FF."""
 
-from configs import default
+from sparse_jax.configs import default
 from sparse_jax.models.accounting import matched_dense_config
 
 

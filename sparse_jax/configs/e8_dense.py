@@ -8,7 +8,7 @@ the standard 90M/5M/5M) sets other splits.
 
 import ml_collections
 
-from configs import paper_training
+from sparse_jax.configs import paper_training
 
 
 def get_config() -> ml_collections.ConfigDict:

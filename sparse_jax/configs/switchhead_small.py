@@ -23,7 +23,7 @@ slowest: many small heads). Validation: the first 100 segments, memory 512.
 
 import ml_collections
 
-from configs import default, paper_training
+from sparse_jax.configs import default, paper_training
 
 VARIANTS = ("dense", "switchhead", "dense_few")
 D_MODEL = 200

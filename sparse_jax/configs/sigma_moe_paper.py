@@ -14,7 +14,7 @@ dropout is the paper's 0.2 (Table 7); every released WT-B run used 0.1
 
 import ml_collections
 
-from configs import e8_dense, wt103_b_dense, wt103_s_dense
+from sparse_jax.configs import e8_dense, wt103_b_dense, wt103_s_dense
 
 # name: (dense config, N_E, G, K, expert dropout delta, regulariser gamma), Table 7.
 MODELS = {

@@ -7,7 +7,7 @@ The backbone is the byte LM that `python train.py` (configs/default.py) leaves i
   python train.py --config=configs/spartan_stdlib.py:pfeiffer --workdir=runs/stdlib_pfeiffer
 """
 
-from configs import finetune_common
+from sparse_jax.configs import finetune_common
 
 
 def get_config(config_string: str | None = None):

@@ -16,7 +16,7 @@ runs fit one 10-minute GPU call.
 
 import ml_collections
 
-from configs import default, sigma_moe_paper, wt103_s_dense
+from sparse_jax.configs import default, sigma_moe_paper, wt103_s_dense
 
 VARIANTS = ("sigma_moe", "dense")
 STEPS = 2000

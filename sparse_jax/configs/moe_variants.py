@@ -36,7 +36,7 @@ parameter count (same N_E * G) unless the variant is about the size itself:
 
 import ml_collections
 
-from configs import dense_paper, sigma_moe_paper
+from sparse_jax.configs import dense_paper, sigma_moe_paper
 
 VARIANTS = ("sigma_moe", "switch", "switch_g128", "noisy_topk", "sbase", "softmax_renorm",
             "softmax_no_renorm", "standard_dropout", "no_reg", "standard_init", "k2_g256",

@@ -23,7 +23,7 @@ uses its own fixed attention scale (no learned scale, no u/v biases). C4 is not 
 
 import ml_collections
 
-from configs import e8_dense, wt103_b_dense, wt103_s_dense
+from sparse_jax.configs import e8_dense, wt103_b_dense, wt103_s_dense
 
 VARIANTS = ("dense", "switchhead", "dense_few")
 # model: (base config, dense heads x head size, SwitchHead heads x head size, E, K, its d_ff,

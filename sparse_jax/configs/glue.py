@@ -12,7 +12,7 @@ sequences of at most 128 tokens.
 
 import math
 
-from configs import finetune_common
+from sparse_jax.configs import finetune_common
 
 # task: (training examples, epochs) (SPARTAN App. A: 20 epochs, 3 on the largest and WNLI).
 TASKS = {

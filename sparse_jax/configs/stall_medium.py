@@ -20,7 +20,7 @@ counts the stalls.
 
 import ml_collections
 
-from configs import paper_training, quality_medium
+from sparse_jax.configs import paper_training, quality_medium
 
 STEPS = 1000
 SCHEDULE_STEPS = 4000  # quality_medium's: its warm-up (10%) and cosine decay.

@@ -6,7 +6,7 @@ this config once per `model.ff` variant; train it alone with
 `python train.py --config=configs/quality_small.py`.
 """
 
-from configs import default
+from sparse_jax.configs import default
 
 
 def get_config():

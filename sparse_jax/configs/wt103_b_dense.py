@@ -8,7 +8,7 @@ preparing the data (docs/datasets.md).
 
 import ml_collections
 
-from configs import wt103_s_dense
+from sparse_jax.configs import wt103_s_dense
 
 
 def get_config() -> ml_collections.ConfigDict:
