@@ -137,6 +137,8 @@ class CausalSelfAttention(nnx.Module):
   `__call__` (`attend_causal`).
   """
 
+  RESIDUAL_OUTPUTS = ("w_o",)  # Its projection into the residual stream.
+
   def __init__(self, d_model: int, n_heads: int, head_dim: int, *, n_layers: int,
                attn_dropout: float = 0.0, rotary: bool = True, use_bias: bool = False,
                rotary_fraction: float = 1.0, core: str = "auto", rngs: nnx.Rngs):

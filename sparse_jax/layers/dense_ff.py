@@ -21,6 +21,8 @@ class DenseFF(FeedForward):
   `sqrt(2 / (fan_in * n_layers))`; biases start at zero. Dropout acts on the hidden units.
   """
 
+  RESIDUAL_OUTPUTS = ("w_down",)  # Its projection into the residual stream.
+
   def __init__(self, d_model: int, d_ff: int, *, n_layers: int, dropout: float = 0.0,
                activation: str = "relu", rngs: nnx.Rngs):
     self.d_model, self.d_ff, self.activation_name = d_model, d_ff, activation

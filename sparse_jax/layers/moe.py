@@ -57,6 +57,8 @@ class MoE(FeedForward):
   drop out with probability `expert_hidden_dropout`, drawn from a fork of the `dropout` stream.
   """
 
+  RESIDUAL_OUTPUTS = ("w_down",)  # Its projection into the residual stream.
+
   def __init__(self, d_model: int, n_experts: int, expert_size: int, router: Router, *,
                n_layers: int, init: str = "sigma", expert_hidden_dropout: float = 0.0,
                impl: str = "auto", rngs: nnx.Rngs):

@@ -92,14 +92,17 @@ class RelativeMultiHeadAttention(nnx.Module):
   """Multi-head attention with Transformer-XL relative positions over `[memory; segment]`.
 
   Scores are scaled by `1/sqrt(head_dim)`, or with `learned_scale` by one trained scalar
-  starting there (the sigma-MoE authors' Transformer-XL). `impl` picks the attention core
+  starting there (the sigma-MoE authors' Transformer-XL). The biases u and v start at zero,
+  or drawn from N(0, `bias_init_std`^2). `impl` picks the attention core
   (module docstring; `pallas_kernels.xl_attention.XL_IMPLS`): "pallas" with attention dropout
   is a ValueError.
   """
 
+  RESIDUAL_OUTPUTS = ("w_o",)
+
   def __init__(self, d_model: int, n_heads: int, head_dim: int, *, n_layers: int,
-               attn_dropout: float = 0.0, learned_scale: bool = False, impl: str = "auto",
-               rngs: nnx.Rngs):
+               attn_dropout: float = 0.0, learned_scale: bool = False,
+               bias_init_std: float = 0.0, impl: str = "auto", rngs: nnx.Rngs):
     if impl not in XL_IMPLS:
       raise ValueError(f"impl must be one of {XL_IMPLS}, got {impl!r}")
     if impl == "pallas" and attn_dropout > 0:
@@ -109,8 +112,12 @@ class RelativeMultiHeadAttention(nnx.Module):
     # Q, K, V and the relative-position projection R, then the output.
     self.w_q, self.w_k, self.w_v, self.w_r, self.w_o = initializers.head_projections(
         d_model, n_heads, head_dim, n_layers=n_layers, n_inputs=4, rngs=rngs)
-    self.u_bias = nnx.Param(jnp.zeros((n_heads, head_dim)), logical_axes=("heads", "head_dim"))
-    self.v_bias = nnx.Param(jnp.zeros((n_heads, head_dim)), logical_axes=("heads", "head_dim"))
+    # The content and position biases u, v: zeros, or N(0, bias_init_std^2).
+    bias_init = jax.nn.initializers.normal(bias_init_std)
+    self.u_bias, self.v_bias = (
+        nnx.Param(bias_init(rngs.params(), (n_heads, head_dim)) if bias_init_std
+                  else jnp.zeros((n_heads, head_dim)), logical_axes=("heads", "head_dim"))
+        for _ in range(2))
     self.attn_dropout = nnx.Dropout(attn_dropout, rngs=rngs)
     self.scale = (nnx.Param(jnp.full((), 1 / math.sqrt(head_dim), jnp.float32), logical_axes=())
                   if learned_scale else None)

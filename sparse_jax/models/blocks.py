@@ -35,6 +35,7 @@ from sparse_jax.layers.switchhead_attention import SwitchHeadAttention, SwitchHe
 from sparse_jax.layers.xl_attention import RelativeMultiHeadAttention
 from sparse_jax.models import plugins
 from sparse_jax.models.lm_config import XL_KINDS, LMConfig, head_dim_of, rotary_fraction_of
+from sparse_jax.validation import ConfigError
 
 
 def build_attention(cfg: LMConfig, rngs: nnx.Rngs) -> nnx.Module:
@@ -44,6 +45,7 @@ def build_attention(cfg: LMConfig, rngs: nnx.Rngs) -> nnx.Module:
     return RelativeMultiHeadAttention(cfg.d_model, cfg.n_heads, head_dim_of(cfg),
                                       n_layers=cfg.n_layers, attn_dropout=dropout,
                                       learned_scale=cfg.attn_scale == "learned",
+                                      bias_init_std=cfg.xl_bias_init_std,
                                       impl=cfg.attention_impl, rngs=rngs)
   if cfg.attention == "causal":
     return CausalSelfAttention(cfg.d_model, cfg.n_heads, head_dim_of(cfg),
@@ -65,6 +67,19 @@ def build_attention(cfg: LMConfig, rngs: nnx.Rngs) -> nnx.Module:
                             rngs=rngs)
 
 
+def _scale_residual_outputs(layer: nnx.Module, scale: float) -> None:
+  """Multiplies the initial weights of `layer`'s projections into the residual stream (named
+  by its `RESIDUAL_OUTPUTS`) by `scale` (`model.residual_init_scale`)."""
+  names = getattr(layer, "RESIDUAL_OUTPUTS", None)
+  if names is None:
+    raise ConfigError(f"config field 'model.residual_init_scale' must be 1 with "
+                      f"{type(layer).__name__}, which does not name its residual outputs "
+                      f"(RESIDUAL_OUTPUTS); got {scale}.")
+  for name in names:
+    param = getattr(layer, name)
+    param[...] = param[...] * scale
+
+
 class DecoderBlock(nnx.Module):
   """One pre-LN block: the attention of `model.attention`, the FF slot, the memory slot, and
   the adapters of `model.adapters` on the two sublayers (`layers.adapters`, LayerNorm-free)."""
@@ -77,6 +92,9 @@ class DecoderBlock(nnx.Module):
     self.attn = build_attention(cfg, rngs)
     self.ff_norm = layer_norm(d, epsilon=cfg.layer_norm_eps, rngs=rngs)
     self.ff = build_ff(cfg.ff, d_model=d, n_layers=cfg.n_layers, rngs=rngs)
+    if cfg.residual_init_scale != 1:
+      _scale_residual_outputs(self.attn, cfg.residual_init_scale)
+      _scale_residual_outputs(self.ff, cfg.residual_init_scale)
     self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
     self.memory = plugins.build_memory(cfg.memory, d, rngs)
     self.attn_adapter = plugins.build_adapter(cfg.adapters, d, "attn", rngs)

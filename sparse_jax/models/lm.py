@@ -12,7 +12,7 @@ their sparse decode path. The `model` section's schema is `models.lm_config.LMCo
 MoEUT (Csordas et al. 2024) is this LM with `model.layer_groups` G < `n_layers` (G blocks
 repeated in order, each repeat its own cache and memory rows), `model.block_norm="peri"`,
 SwitchHead attention, a sigma-MoE FF and `model.moeut_ff_reg` / `moeut_attention_reg`
-(`configs/moeut_paper.py`).
+(`sparse_jax/configs/moeut_paper.py`).
 """
 
 import math
@@ -33,6 +33,13 @@ from sparse_jax.models.lm_config import (EMBED_INITS, XL_KINDS, LMConfig,
 from sparse_jax.models.moeut_regularizer import moeut_regularizer
 from sparse_jax.models.remat import rematerialized
 from sparse_jax.models.xl_memory import XLMemory
+
+
+def _scaled(init: jax.nn.initializers.Initializer, scale: float):
+  """`init`'s draw times `scale` (`model.embed_init_scale`)."""
+  if scale == 1:
+    return init
+  return lambda key, shape, dtype=jnp.float32: init(key, shape, dtype) * scale
 
 
 def _call_block(block: DecoderBlock, h_btd, mem_bmd, mem_valid):
@@ -63,8 +70,10 @@ class TransformerLM(nnx.Module):
     self.remat = cfg.remat
     self.scan = cfg.scan_layers
     self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model,
-                           embedding_init=EMBED_INITS[cfg.embed_init],
+                           embedding_init=_scaled(EMBED_INITS[cfg.embed_init],
+                                                  cfg.embed_init_scale),
                            embedding_metadata={"logical_axes": ("vocab", "embed")}, rngs=rngs)
+    self.embed_multiplier = cfg.embed_multiplier
     self.embed_dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
     # MoEUT: `layer_groups` distinct blocks, layer i running block i % G (`layer_blocks`).
     self.n_groups = cfg.layer_groups or cfg.n_layers
@@ -97,6 +106,8 @@ class TransformerLM(nnx.Module):
 
   def _embed(self, tokens_bt: jax.Array, first_position) -> jax.Array:
     h_btd = self.embed(tokens_bt).astype(self.dtype)
+    if self.embed_multiplier != 1:
+      h_btd = h_btd * jnp.asarray(self.embed_multiplier, self.dtype)
     if self.sinusoidal:
       positions_t = first_position + jnp.arange(tokens_bt.shape[1])
       h_btd = h_btd + sinusoid_embedding(positions_t, self.d_model).astype(self.dtype)

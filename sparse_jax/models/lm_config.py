@@ -109,6 +109,19 @@ class LMConfig(ModelConfig):
   # (the sigma-MoE authors' Xavier is as small or smaller). "normal" N(0, 1) was the default
   # until 2026-11-29: it stalled 3 of 12 `quality_medium` runs (RESULTS.md, issue 61).
   embed_init: Literal[tuple(EMBED_INITS)] = "fan_in"
+  # Multiplies the `embed_init` draw: intermediate scales ("normal" with 0.25 is N(0, 1/16)).
+  embed_init_scale: schema.PositiveFloat = 1.0
+  # Multiplies the embedding's output in the forward pass (Gemma's sqrt(d_model), muP's input
+  # multiplier): a small draw times a multiplier reads like a large draw, but Adam moves the
+  # stored table by about the learning rate a step, a larger relative change.
+  embed_multiplier: schema.PositiveFloat = 1.0
+  # Multiplies the init of each block's projections into the residual stream (attention's
+  # output, the FF's down projection; the layers' `RESIDUAL_OUTPUTS`): 0 starts every block as
+  # the identity (GPT-2 / nanoGPT scale these by 1/sqrt(2 n_layers); T-Fixup and ReZero by 0).
+  residual_init_scale: schema.NonNegativeFloat = 1.0
+  # The std of the XL attention's content and position biases u and v (0: zeros, Dai et al.'s
+  # TensorFlow code draws them from its N(0, 0.02) initialiser). XL attention only.
+  xl_bias_init_std: schema.NonNegativeFloat = 0.0
   # The sigma-MoE authors' Transformer-XL sets these three and Xavier (`paper_training`).
   output_dropout: bool = False  # Dropout (model.dropout) before the output layer.
   layer_norm_eps: schema.PositiveFloat = 1e-6
@@ -144,6 +157,9 @@ class LMConfig(ModelConfig):
     validation.require(self.attn_scale == "fixed" or self.attention == "xl",
                        f"{path}.attn_scale", "'fixed' unless attention is 'xl'",
                        self.attn_scale)
+    validation.require(self.xl_bias_init_std == 0 or self.attention == "xl",
+                       f"{path}.xl_bias_init_std", "0 unless attention is 'xl'",
+                       self.xl_bias_init_std)
 
 
   def _check_switchhead(self, path: str) -> None:

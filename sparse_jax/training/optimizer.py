@@ -43,12 +43,16 @@ class TrainConfig(schema.Schema):
   lr: schema.PositiveFloat
   warmup_steps: schema.NonNegativeInt = 0
   # The step where the schedule ends; None: `steps`. A larger value trains the first `steps`
-  # of a longer run exactly as that run would (`configs/stall_medium.py`).
+  # of a longer run exactly as that run would (`sparse_jax/configs/stall_medium.py`).
   schedule_steps: schema.PositiveInt | None = None
   schedule: Literal[SCHEDULES] = "cosine"  # The decay after the warmup (module docstring).
   end_lr_fraction: schema.Probability = 0.0  # cosine only: where it ends, a fraction of lr.
   optimizer: Literal[OPTIMIZERS] = "adam"
   grad_clip: schema.PositiveFloat | None = None
+  # Adam's (and AdamW's) decay rates of the first and second moments and its epsilon.
+  adam_b1: schema.Probability = 0.9
+  adam_b2: schema.Probability = 0.999
+  adam_eps: schema.PositiveFloat = 1e-8
   # Weight decay (module docstring): Trax's w <- (1 - weight_decay) w every step, or with
   # adamw AdamW's; 0: none.
   weight_decay: schema.Probability = 0.0
@@ -74,6 +78,10 @@ class TrainConfig(schema.Schema):
                        f"{path}.schedule_steps", f"None or >= {path}.steps={self.steps}",
                        self.schedule_steps)
     profiling.parse_steps(self.profile_steps, f"{path}.profile_steps", self.steps)
+    validation.require(
+        self.optimizer != "adafactor" or (self.adam_b1, self.adam_b2, self.adam_eps) == (
+            0.9, 0.999, 1e-8), f"{path}.optimizer",
+        "'adam' or 'adamw' where adam_b1, adam_b2 or adam_eps are set", self.optimizer)
     validation.require(self.end_lr_fraction == 0 or self.schedule == "cosine",
                        f"{path}.end_lr_fraction", "0 unless schedule is 'cosine'",
                        self.end_lr_fraction)
@@ -134,10 +142,10 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
     optimizer = optax.adafactor(schedule, decay_rate=0.9, clipping_threshold=1.0, momentum=None,
                                 multiply_by_parameter_scale=True, factored=True, eps=1e-16)
   elif cfg.optimizer == "adamw":
-    optimizer = optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-8,
+    optimizer = optax.adamw(schedule, b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps,
                             weight_decay=cfg.weight_decay)
   else:
-    optimizer = optax.adam(schedule, b1=0.9, b2=0.999, eps=1e-8)
+    optimizer = optax.adam(schedule, b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps)
   parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip is not None else []
   parts.append(optimizer)
   if cfg.weight_decay and cfg.optimizer != "adamw":

@@ -23,7 +23,7 @@ from sparse_jax.validation import ConfigError
 # Dotted config paths (a prefix covers its whole section) that may differ on resume.
 SAFE_TO_CHANGE = (
     "train.steps", "train.schedule_steps", "train.lr", "train.warmup_steps", "train.schedule",
-    "train.grad_clip",
+    "train.grad_clip", "train.adam_b1", "train.adam_b2", "train.adam_eps",
     "train.weight_decay", "train.end_lr_fraction",
     "train.log_every", "train.eval_every", "train.ckpt_every", "train.keep_checkpoints",
     "train.profile_steps", "train.grad_accum_steps", "model.remat", "model.scan_layers",
@@ -44,7 +44,10 @@ FIELDS_ADDED_LATER = {
         "layer_groups": None, "block_norm": "pre", "moeut_ff_reg": 0.0,  # MoEUT's.
         "moeut_attention_reg": 0.0, "rotary_fraction": None,
         "attention_core": "auto",  # The causal kinds' attention core (issue 60).
-        "embed_init": "normal"},  # The only token embedding before the option (issue 61).
+        "embed_init": "normal",  # The only token embedding before the option (issue 61).
+        # The recipe study's options (issue 73), at the values that had no option before.
+        "embed_init_scale": 1.0, "embed_multiplier": 1.0, "residual_init_scale": 1.0,
+        "xl_bias_init_std": 0.0},
 }
 
 
