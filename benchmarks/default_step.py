@@ -2,8 +2,8 @@
 
     python -m benchmarks.default_step [--rounds=30] [--out=benchmarks/default_step_cpu.json]
 
-`configs/default.py` (what `python train.py` trains: a 4-layer sigma-MoE LM, 8 experts of 128,
-K=2, batch 16 x 128 tokens) and `configs/default_dense.py` (the same model with the dense FF
+`sparse_jax/configs/default.py` (what `python train.py` trains: a 4-layer sigma-MoE LM, 8 experts of 128,
+K=2, batch 16 x 128 tokens) and `sparse_jax/configs/default_dense.py` (the same model with the dense FF
 of equal parameters), one device, random tokens, each from its own initial state. After one
 compiling call each, the two take turns step by step in ABBA order (`--rounds` pairs), so the
 machine's load hits both alike. Prints the median step of each and their ratio (the MoE's
@@ -53,7 +53,7 @@ def main(argv=None) -> dict:
   step_ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
   ratio = statistics.median(d / m for d, m in zip(times["dense"], times["sigma_moe"]))
   moe = configs["sigma_moe"].model.ff
-  print(f"\n### Training step of configs/default.py vs its dense twin (median of {args.rounds} "
+  print(f"\n### Training step of sparse_jax/configs/default.py vs its dense twin (median of {args.rounds} "
         f"ABBA-interleaved steps, N_E {moe.n_experts}, G {moe.expert_size}, K {moe.k})\n")
   print("| model | step ms |\n|---|---:|")
   for name in ("dense", "sigma_moe"):

@@ -19,7 +19,7 @@ and the suite goes on:
      fraction of it achieved, time relative to dense, and peak memory (the sigma-MoE paper's
      Fig. 2: time and memory against N_E).
   4. training: one training step of each model of `TRAINING`'s comparisons (or --training):
-     configs/sigma_moe_paper.py:wt103_s and its dense baseline (the fused XL attention, the
+     sparse_jax/configs/sigma_moe_paper.py:wt103_s and its dense baseline (the fused XL attention, the
      default on one GPU), the same two with the XLA attention (`model.attention_impl=xla`),
      the SwitchHead paper's WT-103 S trio, MoEUT 44M and its dense baseline, and dense,
      sigma-MoE and MoEUT with their layers scanned (`model.scan_layers`), dense and sigma-MoE
@@ -46,7 +46,7 @@ and the suite goes on:
      (--quality_data) so that they are the ones its runs trained on; issue 61's 12 runs take
      some 2.5 hours each on the 2-core CPU. `--quality="--config=wt103_s_embedded
      --corpora=builtin"`: the sigma-MoE paper's WT-103 S pair, dense against sigma-MoE, 2000
-     steps each (`configs/wt103_s_embedded.py`; issue 60's comparison).
+     steps each (`sparse_jax/configs/wt103_s_embedded.py`; issue 60's comparison).
 Writes DIR/gpu_suite.json and DIR/gpu_suite.md (Markdown tables for benchmarks/RESULTS.md)
 after every part (a part left out of --parts reads "skipped: --parts"), so a run that is
 killed keeps what it measured; prints the Markdown at the end and progress lines to stderr as

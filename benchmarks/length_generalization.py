@@ -4,7 +4,7 @@ same size on copy and add, trained on up to 128 digits, tested on 256-300.
     python -m benchmarks.length_generalization [--tasks=copy,add] [--steps=N] [--scale=K]
         [--workdir=runs/length_generalization] [--out=benchmarks/length_generalization.json]
 
-Trains `configs/terraformer_arithmetic.py:<task>` and `:<task>,transformer` (the same
+Trains `sparse_jax/configs/terraformer_arithmetic.py:<task>` and `:<task>,transformer` (the same
 encoder-decoder with dense attention and FF, no SRU, not reversible) into WORKDIR/<run>,
 then scores greedy answers on the test split (`eval.py --split=test`: 256-300 digits) and on
 the validation split (train lengths). `--models` may add `terraformer_sinusoid`, the ablation:

@@ -2,7 +2,7 @@
 
     python -m benchmarks.mixed_precision [--steps=300] [--out=benchmarks/mixed_precision_cpu.json]
 
-Trains `configs/default.py` (`python train.py`'s sigma-MoE) twice in one run, with
+Trains `sparse_jax/configs/default.py` (`python train.py`'s sigma-MoE) twice in one run, with
 `model.dtype` float32 and bfloat16, from the same seed on the same data, and compares: the
 median training step time (from the logged tokens per second, the first logging window,
 which compiles, left out) and the training loss at every logged step (the difference of the

@@ -3,7 +3,7 @@
     python -m benchmarks.routing_health_cost [--rounds=40] [--preset=default] \
         [--out=benchmarks/routing_health_cost_cpu.json]
 
-`configs/default.py` (what `python train.py` trains: a 4-layer sigma-MoE LM, 8 experts, K=2,
+`sparse_jax/configs/default.py` (what `python train.py` trains: a 4-layer sigma-MoE LM, 8 experts, K=2,
 batch 16 x 128 tokens) on one device, fed random tokens. Two jitted training steps from the
 same initial state: `on`, the task's loss as `train.py` runs it (each MoE layer's token shares
 leave the step as metrics, `sparse_jax.training.routing_health`), and `off`, the same loss

@@ -1,11 +1,11 @@
 """SPARTAN and its baselines on the offline task, the mean and std of 3 seeds (SPARTAN Table 1's
-protocol on `configs/spartan_stdlib.py`).
+protocol on `sparse_jax/configs/spartan_stdlib.py`).
 
     python -m benchmarks.spartan_stdlib_seeds [--methods=spartan,houlsby,pfeiffer,full]
         [--seeds=0,1,2] [--workdir=runs/stdlib_seeds] [--out=benchmarks/spartan_stdlib_seeds.json]
 
 Pretrains the byte LM backbone as `python train.py` does (into WORKDIR/backbone, unless it is
-there), then trains `configs/spartan_stdlib.py:<method>` over the seeds
+there), then trains `sparse_jax/configs/spartan_stdlib.py:<method>` over the seeds
 (`tasks.seed_runs.run_seeds`, WORKDIR/<method>/seed_<s>) and prints one table: validation
 accuracy and Matthews correlation, mean +- sample std, trainable parameters and minutes per
 run. Methods already in `--out` are kept and skipped, so a long comparison can be finished by

@@ -7,7 +7,7 @@ A jitted call flattens its arguments and rebuilds its outputs on the host before
 has anything to do. JAX does that in C++ for dicts and arrays, but an `nnx.State` holds one
 Python `Variable` per array, each flattened and rebuilt through Python; WT-103 S's training
 state is 886 arrays. The models are the sigma-MoE paper's WT-103 S pair
-(`configs/wt103_s_dense.py`, `sigma_moe_paper.py:wt103_s`) with their layers, experts and
+(`sparse_jax/configs/wt103_s_dense.py`, `sigma_moe_paper.py:wt103_s`) with their layers, experts and
 state arrays but widths shrunk (d_model 16, d_ff 16, G 4, batch 1 x 8), so that the device's
 work is small. Two programs carry the state each way: the training step (on a CPU, XLA runs
 much of so small a step on the calling thread, so its row includes some of the work), and a

@@ -2,13 +2,13 @@
 of the program compiled for one on this machine.
 
     # On a GPU (the default there): a few traced steps, device ms per category, top kernels
-    python -m benchmarks.step_profile --config=configs/wt103_s_dense.py \
+    python -m benchmarks.step_profile --config=wt103_s_dense \
         --config.model.dtype=bfloat16 [--steps=5] [--out=DIR]
     # Anywhere (the compile extra, `pip install -e ".[compile]"`): the step compiled for an
     # H100, each category's FLOPs, bytes and roofline floor
-    python -m benchmarks.step_profile --config=configs/sigma_moe_paper.py:wt103_s \
+    python -m benchmarks.step_profile --config=sigma_moe_paper:wt103_s \
         --config.model.dtype=bfloat16 --deviceless=h100 --out=benchmarks/step_profile
-    python -m benchmarks.step_profile --config=configs/switchhead_paper.py:wt103_s,switchhead \
+    python -m benchmarks.step_profile --config=switchhead_paper:wt103_s,switchhead \
         --config.model.dtype=bfloat16 --deviceless=h100 --out=benchmarks/step_profile
 
 Both modes read the optimised HLO of the step that training runs (built as `train.py` builds
@@ -68,6 +68,7 @@ from benchmarks import machine, roofline
 from benchmarks.lm_train_step import LMTrainStep
 from sparse_jax import parallel
 from sparse_jax.aot import memory, targets
+from sparse_jax.cli import config_names
 from sparse_jax.config_overrides import switch_kinds
 from sparse_jax.tasks import task_for
 from sparse_jax.training import compile_only
@@ -813,7 +814,8 @@ def device_report(train_step, batch, *, steps: int, warmup: int) -> dict:
 # Building the step.
 
 def model_name(config_path: str) -> str:
-  """`configs/sigma_moe_paper.py:wt103_s` -> `sigma_moe_paper_wt103_s`."""
+  """`sigma_moe_paper:wt103_s` (or a file `path/sigma_moe_paper.py:wt103_s`) ->
+  `sigma_moe_paper_wt103_s`."""
   path, _, argument = config_path.partition(":")
   name = pathlib.PurePath(path).stem + (f"_{argument}" if argument else "")
   return re.sub(r"[^\w]+", "_", name).strip("_")
@@ -942,7 +944,9 @@ def write(report: dict, out_dir: str) -> list[pathlib.Path]:
 def _flags(argv: list[str]):
 
   values = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", "configs/default.py", "Experiment config file.",
+  argv = config_names.resolve_argv(argv)
+  config_flags.DEFINE_config_file("config", config_names.packaged_path("default"),
+                                  "Experiment config: NAME[:ARG] or FILE[:ARG].",
                                   flag_values=values, lock_config=False,
                                   accept_new_attributes=True, sys_argv=argv)
   flags.DEFINE_string("deviceless", None, "Compile for this target (h100, h200, a100) on this "
@@ -972,7 +976,7 @@ def main(argv: list[str] | None = None) -> dict:
     targets.use_cpu_backend()
   config = values.config
   switch_kinds(config, config_flags.get_override_values(values["config"]))
-  config_path = values["config"].config_filename
+  config_path = config_names.short_name(values["config"].config_filename)
   meta = {"model": values.name or model_name(config_path), "config": config_path,
           "dtype": config.model.get("dtype", "float32"),
           "batch_size": config.data.batch_size, "seq_len": config.data.seq_len,

@@ -5,8 +5,8 @@ SwitchHead, and dense with SwitchHead's head count, at equal parameters, over se
         --out=benchmarks/switchhead_small.json [--steps=N] [--variants=dense,switchhead] \
         [--step_rounds=10]
 
-Trains every variant of each comparison in `COMPARISONS` (`configs/switchhead_small.py`'s
-`dense`, `switchhead`, `dense_few`; `configs/moeut_small.py`'s `moeut_dense`, `moeut`) once per
+Trains every variant of each comparison in `COMPARISONS` (`sparse_jax/configs/switchhead_small.py`'s
+`dense`, `switchhead`, `dense_few`; `sparse_jax/configs/moeut_small.py`'s `moeut_dense`, `moeut`) once per
 seed on `builtin`. Each run lives in `WORKDIR/<comparison>/<variant>/seed<N>` and leaves its
 result there as `result.json`: a finished run is read back, not redone, and an interrupted one
 (SIGTERM: `RunInterrupted`) resumes from its checkpoint when the command is run again (its

@@ -2,6 +2,9 @@
 
 from sparse_jax.decoding import generate
 
+# The package's version, written only here (pyproject.toml reads it); CHANGELOG.md has each one.
+__version__ = "0.1.0"
+
 
 def load(workdir: str, step: int | None = None):
   """`model, config = sparse_jax.load(workdir)`: a trained run's model, restored (eval mode).
@@ -13,4 +16,4 @@ def load(workdir: str, step: int | None = None):
   return runs.load(workdir, step)
 
 
-__all__ = ["generate", "load"]
+__all__ = ["__version__", "generate", "load"]

@@ -26,7 +26,7 @@ def test_train_then_eval_from_the_command_line(stdlib_slice, tmp_path):
       "--config.train.steps=4", "--config.train.warmup_steps=1",
       "--config.train.log_every=2", "--config.train.ckpt_every=4", "--config.eval.batch_size=2",
       "--config.eval.mem_len=32", "--config.eval.max_batches=2", *ONE_DEVICE]
-  trained = train_and_evaluate(cli_config("--config=configs/default.py", *overrides), workdir)
+  trained = train_and_evaluate(cli_config("--config=default", *overrides), workdir)
   assert trained["step"] == 4 and trained["bits_per_byte"] > 0
   cache = tmp_path / "compilation_cache"
   evaluated = run(["eval.py", f"--workdir={workdir}", "--split=train", "--max_batches=3",
@@ -58,7 +58,7 @@ def test_train_rejects_a_bad_override_naming_the_field(tmp_path):
 def test_training_on_text_files_needs_them_inspecting_does_not(tmp_path):
   """A `text_files` config without its files: training stops naming the fields to set, before
   anything is written; `--print_params` (it reads no data) prints the counts."""
-  config = "--config=configs/moeut_paper.py:44m,moeut"
+  config = "--config=moeut_paper:44m,moeut"
   result = run(["train.py", config, f"--workdir={tmp_path / 'run'}"])
   assert result.returncode != 0
   assert result.stderr.startswith("train.py: config field 'data.train_file' must be set")

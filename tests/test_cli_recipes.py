@@ -85,17 +85,17 @@ def test_documented_overrides_print_params():
   --config.model.ff.reg_coef=0` on a variant) and README "Train" (d_model, seq_len, steps),
   without data or training. The first recipe runs as `train.py --print_params`; the others'
   flags are parsed as train.py parses them (`cli_config`) and reported as its `--print_params` reports, in-process."""
-  result = train("--config=configs/moe_variants.py:wt103_s,sigma_moe", "--config.model.ff.k=2",
+  result = train("--config=moe_variants:wt103_s,sigma_moe", "--config.model.ff.k=2",
                  "--config.model.ff.reg_coef=0", "--print_params")
   # WT-S: d_model 412, 16 experts of 128, now K=2, against the matched dense d_ff 2053.
   percent = 100 * (412 * 16 + 2 * 2 * 412 * 128) / (2 * 412 * 2053)
   assert succeeded(result) and f"ff_flops_percent_of_dense: {percent:,.3f}" in result.stdout
   assert "total_params: " in result.stdout
-  for recipe in (["--config=configs/default.py", "--config.train.steps=2000",
+  for recipe in (["--config=default", "--config.train.steps=2000",
                   "--config.model.d_model=384", "--config.data.seq_len=256"],
-                 ["--config=configs/sigma_moe_paper.py:wt103_s", "--config.mesh.data=2",
+                 ["--config=sigma_moe_paper:wt103_s", "--config.mesh.data=2",
                   "--config.mesh.fsdp=2", "--config.mesh.expert=2"],
-                 ["--config=configs/wt103_s_dense.py", "--config.data.source_dir=/wt103_raw"]):
+                 ["--config=wt103_s_dense", "--config.data.source_dir=/wt103_raw"]):
     report = task_for(cli_config(*recipe)).param_report()  # What train.py --print_params prints.
     assert report["total_params"] > 0, recipe
 
@@ -107,7 +107,7 @@ def test_a_typo_names_the_nearest_field(tmp_path):
           "mean 'n_experts'?") in result.stderr
 
 
-@pytest.mark.parametrize("config", [[], ["--config=configs/default.py"]])
+@pytest.mark.parametrize("config", [[], ["--config=default"]])
 def test_a_misspelt_section_names_the_nearest_one(tmp_path, config):
   result = train(f"--workdir={tmp_path / 'run'}", *config, "--config.trian.steps=3")
   assert failed_cleanly(result)

@@ -1,16 +1,18 @@
 """Every command in a docstring runs as written: the commands a user copies from the file they
 open, as `test_readme.py` checks the README's and docs' commands.
 
-Collected: the module docstrings (`ast.get_docstring`) of `configs/*.py`, `benchmarks/*.py`
-and the top-level scripts (`train.py`, `eval.py`, `figures.py`, `glue_average.py`). A command
-is a line that starts with `python` (its `# comment` dropped) or inline code that does;
-backslash continuations are joined. Optional parts in brackets are checked as if given
+Collected: the module docstrings (`ast.get_docstring`) of `sparse_jax/configs/*.py`,
+`sparse_jax/cli/*.py`, `benchmarks/*.py` and the top-level scripts (`train.py`, `eval.py`,
+`figures.py`, `glue_average.py`, wrappers of `sparse_jax/cli`). A command is a line that starts
+with `python` or `sparse-jax` (its `# comment` dropped) or inline code that does; backslash
+continuations are joined. `sparse-jax COMMAND` is the module `sparse_jax.cli.COMMAND`, and a
+top-level script stands for the module it wraps. Optional parts in brackets are checked as if given
 (`[--step=N]` is `--step=N`); `...` (more of the same arguments) is dropped.
 
 Checked for each command:
 - the script (`python X.py`) or module (`python -m M`) exists;
 - scripts with absl flags (`train.py`, `eval.py`, `glue_average.py`, ...): every flag is one the
-  script defines (`DEFINE_*`) or absl's; a config (`--config=configs/NAME.py[:ARGS]` and its
+  script defines (`DEFINE_*`) or absl's; a config (`--config=NAME[:ARGS]` and its
   `--config.x.y=` overrides) is parsed as train.py parses it and validated by the task's
   schemas as the run validates it: every overridden field exists, and with `--print_params` or
   `--compile_only`, which read no data, no data source is needed;
@@ -18,9 +20,10 @@ Checked for each command:
   script's own parser, abbreviations off and values taken as written (unconverted, so that
   placeholders such as `N` or `DIR` stand for values): every flag, subcommand and required
   argument;
-- every argument `[configs/]NAME.py[:ARGS]` that names a file of `configs/` resolves:
+- every argument `NAME[.py][:ARGS]` that names a file of `sparse_jax/configs/` resolves:
   `get_config(ARGS)` accepts it;
-- a positional argument under `benchmarks/`, `configs/`, `docs/` or `tests/` (an input of the
+- a positional argument under `benchmarks/`, `sparse_jax/configs/`, `docs/` or `tests/` (an
+  input of the
   repository) exists, a glob matching at least one file. Run folders (`runs/...`), output
   paths (`--out`, `--output`, `--workdir`) and upper-case placeholders (`DIR`, `TEXT`,
   `WORKDIR`, `FILE`, `N`) are not checked for existence;
@@ -53,17 +56,17 @@ import pytest
 
 from test_readme import ROOT, module_exists
 
-SCRIPTS = ("train.py", "eval.py", "figures.py", "glue_average.py")
-FILES = (sorted(os.path.relpath(p, ROOT)
-                for p in glob.glob(os.path.join(ROOT, "sparse_jax", "configs", "*.py")))
-         + sorted(os.path.relpath(p, ROOT)
-                  for p in glob.glob(os.path.join(ROOT, "benchmarks", "*.py")))
-         + list(SCRIPTS))
+# The top-level scripts and the `sparse_jax/cli` module each wraps.
+SCRIPTS = {f"{name}.py": f"sparse_jax/cli/{name}.py"
+           for name in ("train", "eval", "figures", "glue_average")}
+FILES = [os.path.relpath(p, ROOT)
+         for folder in ("sparse_jax/configs", "sparse_jax/cli", "benchmarks")
+         for p in sorted(glob.glob(os.path.join(ROOT, folder, "*.py")))] + list(SCRIPTS)
 # Flags after which train.py reads no data (the config is validated without data sources).
 INSPECTION_FLAGS = ("--print_params", "--compile_only")
 # Inputs of the repository that a positional argument may name (checked to exist).
-REPO_DIRS = ("benchmarks/", "configs/", "docs/", "tests/")
-_CONFIG_ARG = re.compile(r"^(?:configs/)?(\w+)\.py(?::(.*))?$")
+REPO_DIRS = ("benchmarks/", "sparse_jax/configs/", "docs/", "tests/")
+_CONFIG_ARG = re.compile(r"^(?:sparse_jax/configs/)?(\w+)(?:\.py)?(?::(.*))?$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +85,7 @@ class Command:
   def path(self) -> str:
     """The file that runs, relative to the repository (a module of it or a script)."""
     if not self.as_module:
-      return self.target
+      return SCRIPTS.get(self.target, self.target)
     path = os.path.join(*self.target.split("."))
     return path + ".py" if os.path.isfile(os.path.join(ROOT, path + ".py")) else os.path.join(
         path, "__main__.py")
@@ -99,6 +102,10 @@ def _args(tokens: list[str]) -> tuple[str, ...]:
 
 def parse_command(file: str, text: str) -> Command:
   tokens = shlex.split(text)
+  if tokens[0] == "sparse-jax" or tokens[1:3] == ["-m", "sparse_jax"]:
+    program = tokens.index("sparse-jax" if tokens[0] == "sparse-jax" else "sparse_jax") + 1
+    return Command(file, text, f"sparse_jax.cli.{tokens[program].replace('-', '_')}", True,
+                   _args(tokens[program + 1:]))
   assert re.fullmatch(r"python3?", tokens[0]), text
   if tokens[1] == "-m":
     return Command(file, text, tokens[2], True, _args(tokens[3:]))
@@ -111,9 +118,9 @@ def docstring_commands(file: str) -> list[Command]:
     doc = ast.get_docstring(ast.parse(f.read())) or ""
   doc = re.sub(r"\\\n\s*", " ", doc)
   texts = [" ".join(span.split()) for span in re.findall(r"`([^`]+)`", doc)
-           if re.match(r"python3?\s", span)]
+           if re.match(r"(python3?|sparse-jax)\s", span)]
   for line in re.sub(r"`[^`]*`", "", doc).splitlines():
-    if re.match(r"\s*python3?\s", line):
+    if re.match(r"\s*(python3?|sparse-jax)\s", line):
       texts.append(" ".join(re.sub(r"(^|\s)#.*$", "", line).split()))
   return [parse_command(file, text) for text in dict.fromkeys(texts)]
 
@@ -168,7 +175,7 @@ def flag_name(arg: str) -> str | None:
 
 
 def config_args(command: Command) -> list[str]:
-  """`[configs/]NAME.py[:ARGS]` arguments (or flag values) naming a file of configs/."""
+  """`NAME[.py][:ARGS]` arguments (or flag values) naming a file of sparse_jax/configs/."""
   found = []
   for arg in command.args:
     value = arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg
@@ -179,7 +186,7 @@ def config_args(command: Command) -> list[str]:
 
 
 def resolve_config(value: str):
-  """`get_config(ARGS)` of `[configs/]NAME.py[:ARGS]`, as ml_collections' config flag calls it."""
+  """`get_config(ARGS)` of `NAME[.py][:ARGS]`, as ml_collections' config flag calls it."""
   match = _CONFIG_ARG.match(value)
   module = importlib.import_module(f"sparse_jax.configs.{match[1]}")
   return module.get_config(match[2]) if match[2] is not None else module.get_config()
@@ -195,7 +202,7 @@ def _argparse_commands() -> list[Command]:
 
 def _print_params_commands() -> list[Command]:
   return list({c.args: c for c in COMMANDS
-               if c.target == "train.py" and "--print_params" in c.args}.values())
+               if c.path == SCRIPTS["train.py"] and "--print_params" in c.args}.values())
 
 
 @pytest.fixture(scope="module")
@@ -215,9 +222,11 @@ def outcomes():
 def test_the_docstrings_have_commands_of_every_kind():
   assert len(COMMANDS) >= 50
   texts = [c.text for c in COMMANDS]
-  assert "python train.py --config=configs/moeut_paper.py:244m,dense --print_params" in texts
+  assert "sparse-jax train --config=moeut_paper:244m,dense --print_params" in texts
   assert len(_print_params_commands()) >= 3
-  assert any(c.as_module for c in COMMANDS) and any(c.target == "figures.py" for c in COMMANDS)
+  assert any(c.as_module for c in COMMANDS) and any(c.target == "sparse_jax.cli.figures"
+                                                    for c in COMMANDS)
+  assert any(c.target == "train.py" for c in COMMANDS)
   continued = [c for c in COMMANDS if c.file == "benchmarks/compile_targets.py"
                and "--config_targets=v5e" in c.args]
   assert continued and "moe_variants.py:wt103_s,switch" in continued[0].args
@@ -229,7 +238,7 @@ def test_brackets_comments_continuations_and_inline_code_are_read():
   command = parse_command("x.py", "python -m benchmarks.decode --shape=17b --profile")
   assert (command.target, command.as_module, command.args) == (
       "benchmarks.decode", True, ("--shape=17b", "--profile"))
-  glue_average = [c.text for c in COMMANDS if c.file == "glue_average.py"]
+  glue_average = [c.text for c in COMMANDS if c.file == SCRIPTS["glue_average.py"]]
   assert all("#" not in text for text in glue_average) and len(glue_average) == 2
 
 
@@ -247,11 +256,16 @@ def test_the_checks_catch_a_wrong_flag_subcommand_argument_or_config():
       "benchmarks/nothing_*.json"]
   assert absl_positionals(("a", "--out", "b", "--noprint_params", "c", "--out=d", "e"),
                           frozenset({"out", "print_params", "noprint_params"})) == ["a", "c", "e"]
-  train_flags = absl_flags("train.py")
+  train_flags = absl_flags(SCRIPTS["train.py"])
   assert {"config", "print_params", "noprint_params", "compile_only", "helpfull"} <= train_flags
-  assert "print_param" not in train_flags and "split" in absl_flags("eval.py")
+  assert "print_param" not in train_flags and "split" in absl_flags(SCRIPTS["eval.py"])
   with pytest.raises(ValueError, match="needs a size in"):
-    resolve_config("configs/moeut_paper.py:244m,dnse")
+    resolve_config("moeut_paper:244m,dnse")
+  for text in ("sparse-jax glue-average runs/a --mrpc=f1",
+               "python -m sparse_jax glue-average runs/a --mrpc=f1"):
+    command = parse_command("x.py", text)
+    assert (command.path, command.args) == ("sparse_jax/cli/glue_average.py",
+                                            ("runs/a", "--mrpc=f1"))
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c.id)

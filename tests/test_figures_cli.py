@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-import figures
+from sparse_jax.cli import figures
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -16,6 +16,8 @@ import re
 
 import pytest
 
+from sparse_jax.cli import config_names, main
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = "README.md"
 # Every page checked, relative to ROOT: the README and docs/*.md.
@@ -88,8 +90,9 @@ def commands(page: str) -> list[str]:
 
 
 def missing_commands(page: str) -> list[str]:
-  """`python X.py`, `python -m M`, `python -m pytest PATH` and `configs/NAME.py[:ARG]` naming a
-  file or module that does not exist."""
+  """`python X.py`, `python -m M`, `python -m pytest PATH`, `sparse-jax COMMAND`, a config
+  (`--config=NAME[:ARG]`, a packaged config, or `--config=FILE[:ARG]`) and a config file
+  `[sparse_jax/]configs/NAME.py` naming a file, module or config that does not exist."""
   missing = []
   for shell in commands(page):
     for match in re.finditer(r"(?<![\w./-])python3?[ \t]+(-m[ \t]+)?([\w./:-]+)(.*)", shell):
@@ -102,10 +105,21 @@ def missing_commands(page: str) -> list[str]:
                       if not os.path.exists(os.path.join(ROOT, path.split("::")[0]))]
       elif target.endswith(".py") and not os.path.isfile(os.path.join(ROOT, target)):
         missing.append(f"python {target}")
-  for name in re.findall(r"(?<![\w/])configs/(\w+)\.py", text(page)):
-    if not os.path.isfile(os.path.join(ROOT, "sparse_jax", "configs", f"{name}.py")):
-      missing.append(f"configs/{name}.py")
+    missing += [f"sparse-jax {name}"
+                for name in re.findall(r"(?<![\w-])sparse-jax[ \t]+(\S+)", shell)
+                if name not in main.COMMANDS]
+    missing += [f"--config={value}" for value in re.findall(r"--config=([^\s:]+)", shell)
+                if not is_config(value)]
+  config_files = re.findall(r"(?<![\w/])(?:sparse_jax/)?configs/\w+\.py", text(page))
+  missing += [path for path in config_files if not os.path.isfile(os.path.join(ROOT, path))]
   return sorted(set(missing))
+
+
+def is_config(value: str) -> bool:
+  """A `--config` value (before any `:ARG`) that names a file, a packaged config (train.py's
+  NAME, the benchmarks' NAME.py), or is a placeholder (`CONFIG`, `...`)."""
+  return (os.path.isfile(os.path.join(ROOT, value)) or value in ("...", value.upper())
+          or value.removesuffix(".py") in config_names.packaged_names())
 
 
 def module_exists(module: str) -> bool:
@@ -186,6 +200,16 @@ def test_named_objects_exist(page, name):
 @pytest.mark.parametrize("page", PAGES)
 def test_commands_name_files_that_exist(page):
   assert not missing_commands(page), f"{page} names what does not exist"
+
+
+def test_the_command_check_catches_a_wrong_config_or_command(tmp_path):
+  page = tmp_path / "page.md"
+  page.write_text("```bash\npython train.py --config=sigma_moe_paper:wt103_s\n"
+                  "python train.py --config=sigma_moe_papr:wt103_s\nsparse-jax trian\n"
+                  "sparse-jax eval --workdir=runs/x\n```\nSee `configs/default.py`, "
+                  "`sparse_jax/configs/default.py` and `--config=tests/aot/tiny_moe_config.py`.\n")
+  assert missing_commands(str(page)) == [
+      "--config=sigma_moe_papr", "configs/default.py", "sparse-jax trian"]
 
 
 @pytest.mark.parametrize("page", PAGES)

@@ -1,6 +1,6 @@
 """benchmarks/switchhead_small.py end to end at toy sizes (every variant trained for 2 steps on
 a slice of the standard library, the table and the JSON, a second invocation that reads the
-finished runs back), and configs/switchhead_small.py's and configs/moeut_small.py's variants
+finished runs back), and sparse_jax/configs/switchhead_small.py's and sparse_jax/configs/moeut_small.py's variants
 at their real sizes."""
 
 import json

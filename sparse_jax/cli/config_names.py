@@ -53,6 +53,15 @@ def resolve(value: str) -> str:
   return packaged_path(name) + colon + arg
 
 
+def short_name(resolved: str) -> str:
+  """A resolved value of a packaged config as its `NAME[:ARG]` (for printing and reports);
+  a config file's value unchanged."""
+  path, colon, arg = resolved.partition(":")
+  if os.path.dirname(path) == DIRECTORY:
+    return os.path.basename(path).removesuffix(".py") + colon + arg
+  return resolved
+
+
 def resolve_argv(argv: list[str]) -> list[str]:
   """`argv` with the value of `--config` (as `--config=V` or `--config V`) resolved; the
   overrides `--config.x.y=v` are left as they are."""

@@ -1,6 +1,6 @@
 """The embedded default: a small sigma-MoE Transformer-XL on `builtin` (no download).
 
-`python train.py` runs this into `runs/default`.
+`sparse-jax train` runs this into `runs/default`.
 Like every config file it states only what differs from the schemas' defaults
 (`sparse_jax.models.lm_config`, `sparse_jax.layers.registry`, ...); `--config.x.y=v` sets any
 field, written here or not (`--config.data.source_root=DIR` reads another source tree than
@@ -21,7 +21,7 @@ def get_config() -> ml_collections.ConfigDict:
       "vocab_size": 256, "d_model": 256, "n_layers": 4, "n_heads": 4, "mem_len": 128,
       "dropout": 0.0})
   # sigma-MoE (paper Sec. 5): 8 experts of 128, K=2, parameter-matched to a dense d_ff of
-  # 1024 (`configs/default_dense.py`) with 25% of its FF FLOPs.
+  # 1024 (`sparse_jax/configs/default_dense.py`) with 25% of its FF FLOPs.
   config.model.ff = ml_collections.ConfigDict({
       "kind": "sigma_moe", "n_experts": 8, "expert_size": 128, "k": 2, "reg_coef": 0.001})
   config.train = ml_collections.ConfigDict({

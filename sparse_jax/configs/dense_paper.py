@@ -1,9 +1,9 @@
 """The dense baselines of the paper (Table 6), including WT-S* (d_ff 16480, 238M).
 
-    python train.py --config=configs/dense_paper.py:wt103_s_star
+    sparse-jax train --config=dense_paper:wt103_s_star
 
-`wt103_s`, `wt103_b` and `e8` are `configs/wt103_s_dense.py`, `configs/wt103_b_dense.py` and
-`configs/e8_dense.py`; this file also names them, so every paper model has one spelling.
+`wt103_s`, `wt103_b` and `e8` are `sparse_jax/configs/wt103_s_dense.py`, `sparse_jax/configs/wt103_b_dense.py` and
+`sparse_jax/configs/e8_dense.py`; this file also names them, so every paper model has one spelling.
 """
 
 import ml_collections

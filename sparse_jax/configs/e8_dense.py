@@ -3,7 +3,7 @@
 Prepare the data first (docs/datasets.md): put enwik8.zip into `data.manual_dir` (default
 `<data_dir>/downloads/manual`) or let the first run download it; `data.split_bytes` (default
 the standard 90M/5M/5M) sets other splits.
-`python train.py --config=configs/e8_dense.py --config.data.data_dir=DIR`.
+`sparse-jax train --config=e8_dense --config.data.data_dir=DIR`.
 """
 
 import ml_collections

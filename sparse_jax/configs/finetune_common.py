@@ -1,6 +1,6 @@
 """Shared sections of the fine-tuning configs (`glue.py`, `spartan_stdlib.py`): SPARTAN App. A.
 
-`method` is chosen by the config string: `--config=configs/glue.py:rte,houlsby` (one of
+`method` is chosen by the config string: `--config=glue:rte,houlsby` (one of
 `finetune.methods.METHODS`), optionally with `,fewshot` (SPARTAN App. B: 200 training
 examples, drawn by the seed, 1000 steps) or `,fewshot_script` (the reference's few-shot script:
 the first 200 examples, 3 epochs). The learning rate follows the method

@@ -1,8 +1,8 @@
 """SPARTAN (or a baseline) on a GLUE task over a local Hugging Face RoBERTa.
 
-  python train.py --config=configs/glue.py:rte --config.backbone.path=/path/to/roberta-base
-  python train.py --config=configs/glue.py:rte,houlsby ...   # or pfeiffer, full, head
-  python train.py --config=configs/glue.py:sst2,spartan,fewshot ...   # 200 examples
+  sparse-jax train --config=glue:rte --config.backbone.path=/path/to/roberta-base
+  sparse-jax train --config=glue:rte,houlsby ...   # or pfeiffer, full, head
+  sparse-jax train --config=glue:sst2,spartan,fewshot ...   # 200 examples
 
 The config string is `<task>[,<method>][,fewshot|fewshot_script]`: a task of `TASKS`, then
 the method and the few-shot setting as `finetune_common` reads them (the method defaults to

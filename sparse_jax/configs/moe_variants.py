@@ -1,9 +1,9 @@
 """Every row of the paper's Tables 2, 4, 5 and 8 on one of its models: `<model>,<variant>`.
 
-    python train.py --config=configs/moe_variants.py:wt103_s,switch
-    python train.py --config=configs/moe_variants.py:e8,no_reg
+    sparse-jax train --config=moe_variants:wt103_s,switch
+    sparse-jax train --config=moe_variants:e8,no_reg
 
-Models are those of `configs/sigma_moe_paper.py`. Each variant is what the authors' released
+Models are those of `sparse_jax/configs/sigma_moe_paper.py`. Each variant is what the authors' released
 runs trained (their code; docs/sigma_moe.md "Feed-forward kinds" says where that differs from the
 paper's text). It changes only the FF of that model's sigma-MoE config, keeping the
 parameter count (same N_E * G) unless the variant is about the size itself:

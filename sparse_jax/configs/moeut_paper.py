@@ -2,8 +2,8 @@
 244M models, their parameter-matched dense baselines, and the sigma-MoE control without
 layer sharing.
 
-    python train.py --config=configs/moeut_paper.py:44m,moeut --config.data.file=TEXT
-    python train.py --config=configs/moeut_paper.py:244m,dense --print_params
+    sparse-jax train --config=moeut_paper:44m,moeut --config.data.file=TEXT
+    sparse-jax train --config=moeut_paper:244m,dense --print_params
 
 `<size>` is `44m` or `244m`; `<variant>`:
 - `moeut`: G = 2 distinct layers repeated in order (ABAB...) to 16 or 18, each SwitchHead

@@ -2,16 +2,16 @@
 embedded `builtin` data (`benchmarks/switchhead_small.py`'s `moeut` comparison).
 
     python -m benchmarks.switchhead_small --variants=moeut_dense,moeut
-    python train.py --config=configs/moeut_small.py:moeut --print_params
+    sparse-jax train --config=moeut_small:moeut --print_params
 
 `<variant>`: `moeut_dense`, the authors' dense baseline shape (pre-LN, RoPE on half of each
 head's channels) at d_model 200: 4 layers, 10 heads of 20, d_ff 975 (as the authors tuned
 theirs, to the MoEUT's parameter count); `moeut`: 2 shared blocks repeated to 4 layers (ABAB),
 SwitchHead with RoPE (4 heads of 40, E 8, K 2: the 44M model's 4 x 82 at d_model 412 scaled), a
 sigma-MoE FF of 10 experts of 128 (K 4), peri-LayerNorm, gamma 0.01 and delta 0.001
-(`configs/moeut_paper.py`). Both: context 128 without memory (MoEUT has none), dropout 0,
+(`sparse_jax/configs/moeut_paper.py`). Both: context 128 without memory (MoEUT has none), dropout 0,
 their code's embedding init and LayerNorm epsilon, AdamW at 2e-3 with weight decay 0.01, 10%
-warmup, cosine decay to 0.1 lr, 1200 steps, as `configs/switchhead_small.py`'s runs.
+warmup, cosine decay to 0.1 lr, 1200 steps, as `sparse_jax/configs/switchhead_small.py`'s runs.
 """
 
 import ml_collections

@@ -8,7 +8,7 @@ a 4-layer, d_model 256 Transformer-XL with context 256 and as much memory, scale
 the paper's WT-S. `:dense` is the parameter-matched dense model (d_ff 2051).
 
     python -m benchmarks.quality_small --config=quality_medium --seeds=0,1,2 --corpora=builtin,prose
-    python train.py --config=configs/quality_medium.py:dense
+    sparse-jax train --config=quality_medium:dense
 """
 
 from sparse_jax.configs import default, sigma_moe_paper

@@ -3,7 +3,7 @@
 The base model (dense, d_ff 514) has one FF layer of 132k parameters, matched by sigma-MoE
 with 8 experts of 64 (K=2: 25% of the dense FF FLOPs). `benchmarks/quality_small.py` trains
 this config once per `model.ff` variant; train it alone with
-`python train.py --config=configs/quality_small.py`.
+`sparse-jax train --config=quality_small`.
 """
 
 from sparse_jax.configs import default

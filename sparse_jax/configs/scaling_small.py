@@ -1,7 +1,7 @@
 """A small dense LM and its Scaling Transformers counterparts, parameter-matched.
 
-    python train.py --config=configs/scaling_small.py:dense
-    python train.py --config=configs/scaling_small.py:ff_qkv_loss
+    sparse-jax train --config=scaling_small:dense
+    sparse-jax train --config=scaling_small:ff_qkv_loss
 
 Variants (Jaszczur et al. 2021, Table 1 and Sec. 3): `dense` (causal attention, dense FF),
 `ff` (SparseFF, block 32), `qkv` (sparse QKV: multiplicative + convolution, S = heads),

@@ -1,13 +1,13 @@
 """sigma-MoE models of the paper (Table 7), each on the dense baseline it is matched to.
 
-    python train.py --config=configs/sigma_moe_paper.py:wt103_s
-    python train.py --config=configs/sigma_moe_paper.py:wt103_s_star   # 237M, 128 experts
-    python train.py --config=configs/sigma_moe_paper.py:wt103_b
-    python train.py --config=configs/sigma_moe_paper.py:e8
+    sparse-jax train --config=sigma_moe_paper:wt103_s
+    sparse-jax train --config=sigma_moe_paper:wt103_s_star   # 237M, 128 experts
+    sparse-jax train --config=sigma_moe_paper:wt103_b
+    sparse-jax train --config=sigma_moe_paper:e8
 
 The MoE replaces the FF of every layer; everything else is the dense config (Table 6), except
 the gradient clipping, 0.25 in every MoE run (the dense WT-S runs clip at 0.1). Parameter
-counts match `configs/dense_paper.py:<model>` within 0.3% (`--print_params`). WT-B's expert
+counts match `sparse_jax/configs/dense_paper.py:<model>` within 0.3% (`--print_params`). WT-B's expert
 dropout is the paper's 0.2 (Table 7); every released WT-B run used 0.1
 (`--config.model.ff.expert_dropout=0.1`).
 """
@@ -24,7 +24,7 @@ MODELS = {
     "e8": (e8_dense, 16, 128, 4, 0.05, 0.0001),
 }
 # The expert dropout of the authors' released sweeps, which their S-BASE and softmax runs
-# also use (`configs/moe_variants.py`); it differs from Table 7 on WT-B only.
+# also use (`sparse_jax/configs/moe_variants.py`); it differs from Table 7 on WT-B only.
 SWEEP_EXPERT_DROPOUT = {"wt103_s": 0.0, "wt103_s_star": 0.05, "wt103_b": 0.1, "e8": 0.05}
 
 

@@ -1,10 +1,10 @@
 """SPARTAN on the offline task: which stdlib package a 256-byte snippet comes from.
 
-The backbone is the byte LM that `python train.py` (configs/default.py) leaves in
+The backbone is the byte LM that `sparse-jax train` (sparse_jax/configs/default.py) leaves in
 `runs/default`, frozen; a SPARTAN memory after each of its layers and the head train.
-  python train.py                                                     # pretrain the backbone
-  python train.py --config=configs/spartan_stdlib.py                  # SPARTAN
-  python train.py --config=configs/spartan_stdlib.py:pfeiffer --workdir=runs/stdlib_pfeiffer
+  sparse-jax train                                                     # pretrain the backbone
+  sparse-jax train --config=spartan_stdlib                  # SPARTAN
+  sparse-jax train --config=spartan_stdlib:pfeiffer --workdir=runs/stdlib_pfeiffer
 """
 
 from sparse_jax.configs import finetune_common

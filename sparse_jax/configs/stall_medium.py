@@ -15,13 +15,14 @@ the default until the fix, `STUDIED`). `benchmarks/stall_sweep.py` trains them o
 counts the stalls.
 
     python -m benchmarks.stall_sweep --models=dense,sigma_moe --changes=baseline,fan_in --seeds=0-5
-    python train.py --config=configs/stall_medium.py:dense/fan_in --config.seed=1
+    sparse-jax train --config=stall_medium:dense/fan_in --config.seed=1
 """
 
 import ml_collections
 
 from sparse_jax.configs import paper_training, quality_medium
 
+VARIANTS = quality_medium.VARIANTS
 STEPS = 1000
 SCHEDULE_STEPS = 4000  # quality_medium's: its warm-up (10%) and cosine decay.
 

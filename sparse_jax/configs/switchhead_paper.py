@@ -2,8 +2,8 @@
 LMs with the same number of parameters, a dense model with many heads, SwitchHead with a few,
 and a dense model with SwitchHead's head count.
 
-    python train.py --config=configs/switchhead_paper.py:wt103_s,switchhead
-    python train.py --config=configs/switchhead_paper.py:e8,dense_few --print_params
+    sparse-jax train --config=switchhead_paper:wt103_s,switchhead
+    sparse-jax train --config=switchhead_paper:e8,dense_few --print_params
 
 `<model>` is `wt103_s` (47M), `wt103_b` (262M), `c4_b` (262M) or `e8` (41M); `<variant>`
 `dense` (the paper's baseline, this repo's dense config of the same model), `switchhead` (V
@@ -13,7 +13,7 @@ sweeps (RobertCsordas/moe_attention `sweeps/`: `wikitext103_moeatt_matched_l_ff`
 baselines): they tuned SwitchHead's head size and FF width to the dense parameter count, and
 keep H x Dh of the two dense models equal (410 for the small one, not d_model 412).
 
-Each builds on the sigma-MoE paper's dense config of its size (`configs/wt103_s_dense.py`,
+Each builds on the sigma-MoE paper's dense config of its size (`sparse_jax/configs/wt103_s_dense.py`,
 `wt103_b_dense.py`, `e8_dense.py`: data, context and memory, dropout, Adam at 2.5e-4 with
 cosine decay over 100k steps, clipping, warmup; the authors' Transformer-XL details). SwitchHead
 uses its own fixed attention scale (no learned scale, no u/v biases). C4 is not a dataset here:

@@ -3,11 +3,11 @@ Transformer-XL with many heads, SwitchHead with a few, and a dense model with Sw
 count, at equal parameters (within 0.1%), on the embedded `builtin` data.
 
     python -m benchmarks.switchhead_small --seeds=0,1 --workdir=runs/switchhead_small
-    python train.py --config=configs/switchhead_small.py:switchhead --print_params
+    sparse-jax train --config=switchhead_small:switchhead --print_params
 
 `<variant>` is `dense` (10 heads of 20), `switchhead` (`model.attention="switchhead_xl"`, 2
 heads of 37, E 5, K 2) or `dense_few` (2 heads of 100). The paper's `wt103_s` trio
-(`configs/switchhead_paper.py`: d_model 412, dense 10 x 41, SwitchHead 2 x 76 with E 5, K 2,
+(`sparse_jax/configs/switchhead_paper.py`: d_model 412, dense 10 x 41, SwitchHead 2 x 76 with E 5, K 2,
 dense 2 x 205, d_ff about 5 d_model) with its ratios kept at d_model 200: the dense models'
 H x Dh equals d_model (the paper's 410 ~ 412), SwitchHead's head is 0.185 d_model as the
 paper's 76 / 412, and d_ff is 5 d_model for the dense models (the paper's 2053 / 412). As the
@@ -15,7 +15,7 @@ authors did, SwitchHead's FF is widened to the dense parameter count (its attent
 2.0% fewer parameters than dense's: +10 FF units). 4 layers, context 128 with 128 positions of
 memory, batch 16, dense FF, no dropout, the sigma-MoE authors' Transformer-XL details
 (`paper_training.authors_transformer_xl`; SwitchHead with its own fixed attention scale, as in
-`configs/switchhead_paper.py`), the default's Adam at 2e-3 with 10% warmup and cosine decay,
+`sparse_jax/configs/switchhead_paper.py`), the default's Adam at 2e-3 with 10% warmup and cosine decay,
 over 1200 steps (2.5M training bytes of `builtin`'s Python sources). d_model 200 and 1200
 steps keep one run at about 10-20 minutes on the 2-core CPU VM (the 10-head dense model is the
 slowest: many small heads). Validation: the first 100 segments, memory 512.

@@ -1,8 +1,8 @@
 """Length generalisation (Scaling Transformers Table 4): copy or add, train on up to 128 digits.
 
-    python train.py --config=configs/terraformer_arithmetic.py:copy --workdir=runs/copy
-    python train.py --config=configs/terraformer_arithmetic.py:add,transformer
-    python eval.py --workdir=runs/copy --split=test          # 256-300 digits
+    sparse-jax train --config=terraformer_arithmetic:copy --workdir=runs/copy
+    sparse-jax train --config=terraformer_arithmetic:add,transformer
+    sparse-jax eval --workdir=runs/copy --split=test          # 256-300 digits
 
 The config string is the task (`copy` or `add`), optionally followed by `,transformer`: the
 same encoder-decoder without Terraformer's parts (dense attention, dense FF, no SRU branch,

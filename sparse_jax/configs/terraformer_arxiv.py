@@ -1,8 +1,8 @@
 """arXiv summarisation with Terraformer (Scaling Transformers Sec. 4.4, Table 5).
 
-    python train.py --config=configs/terraformer_arxiv.py:small --workdir=runs/arxiv_small
-    python eval.py --workdir=runs/arxiv_small --split=test        # ROUGE-1/2/L/Lsum F1
-    python train.py --config=configs/terraformer_arxiv.py:paper --workdir=runs/arxiv_800m
+    sparse-jax train --config=terraformer_arxiv:small --workdir=runs/arxiv_small
+    sparse-jax eval --workdir=runs/arxiv_small --split=test        # ROUGE-1/2/L/Lsum F1
+    sparse-jax train --config=terraformer_arxiv:paper --workdir=runs/arxiv_800m
 
 Data: TFDS `scientific_papers/arxiv` 1.1.1 (`sparse_jax.data.arxiv`): the official archive is
 downloaded once into `data.data_dir` (or read from `data.manual_dir`), prepared as

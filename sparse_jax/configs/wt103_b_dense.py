@@ -1,8 +1,8 @@
 """WikiText-103 big dense baseline ("WT-B") of the sigma-MoE paper (Table 6, 262M parameters).
 
-The data of `configs/wt103_s_dense.py` (SentencePiece 8k) with a bigger model, a longer
+The data of `sparse_jax/configs/wt103_s_dense.py` (SentencePiece 8k) with a bigger model, a longer
 context and 4000 warmup steps (4% of `train.steps`, so it follows an override of the steps).
-`python train.py --config=configs/wt103_b_dense.py --config.data.data_dir=DIR` after
+`sparse-jax train --config=wt103_b_dense --config.data.data_dir=DIR` after
 preparing the data (docs/datasets.md).
 """
 

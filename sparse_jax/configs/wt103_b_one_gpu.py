@@ -1,10 +1,10 @@
 """sigma-MoE WT-103 B (262M, Table 7) at the paper's batch of 64 on one 80 GB GPU.
 
-    python train.py --config=configs/wt103_b_one_gpu.py            # bf16, remat "dots"
-    python train.py --config=configs/wt103_b_one_gpu.py:accumulate # bf16, 2 micro-batches
-    python train.py --config=configs/wt103_b_one_gpu.py --compile_only=h100   # check first
+    sparse-jax train --config=wt103_b_one_gpu            # bf16, remat "dots"
+    sparse-jax train --config=wt103_b_one_gpu:accumulate # bf16, 2 micro-batches
+    sparse-jax train --config=wt103_b_one_gpu --compile_only=h100   # check first
 
-`configs/sigma_moe_paper.py:wt103_b` as written needs 120 GiB per device for its training
+`sparse_jax/configs/sigma_moe_paper.py:wt103_b` as written needs 120 GiB per device for its training
 step (float32, everything stored), so it does not fit an H100. Compiled for an H100
 (`benchmarks/train_memory.py`, benchmarks/RESULTS.md): bfloat16 compute alone 82 GiB; with
 `model.remat="dots"` 20 GiB (recomputing attention and activations, keeping the weight

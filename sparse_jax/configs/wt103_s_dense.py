@@ -3,7 +3,7 @@
 SentencePiece with 8000 pieces trained on the train split; perplexity per token and per word.
 Prepare the data first (docs/datasets.md): put wikitext-103-raw-v1.zip into `data.manual_dir`,
 or set `data.source_dir` to the extracted `wikitext-103-raw/`, or let the first run download it.
-`python train.py --config=configs/wt103_s_dense.py --config.data.data_dir=DIR`.
+`sparse-jax train --config=wt103_s_dense --config.data.data_dir=DIR`.
 """
 
 import ml_collections

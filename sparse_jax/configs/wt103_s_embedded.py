@@ -1,7 +1,7 @@
 """The sigma-MoE paper's WT-103 S comparison, dense (Table 6) against sigma-MoE (Table 7), on the
 embedded corpora instead of WikiText-103: issue 60's comparison for one GPU call.
 
-The two models are `configs/wt103_s_dense.py` and `configs/sigma_moe_paper.py:wt103_s` as they
+The two models are `sparse_jax/configs/wt103_s_dense.py` and `sparse_jax/configs/sigma_moe_paper.py:wt103_s` as they
 are (16 layers, d_model 412, batch 64 x 256, the paper's Adam at 2.5e-4 without warmup, each
 its own gradient clipping) in bfloat16 compute, reading bytes (vocabulary 256, no
 SentencePiece model to train) of `builtin` or, through `benchmarks.quality_small --corpora`,
@@ -11,7 +11,7 @@ over 100 batches. On an H200 (2026-11-28) a step took 86 ms dense and 73 ms sigm
 runs fit one 10-minute GPU call.
 
     python -m benchmarks.quality_small --config=wt103_s_embedded --corpora=builtin --jobs=2
-    python train.py --config=configs/wt103_s_embedded.py:dense
+    sparse-jax train --config=wt103_s_embedded:dense
 """
 
 import ml_collections

@@ -149,7 +149,7 @@ class StallRule:
   healthy runs fell by >= ~0.2 and the stalled ones by <= ~0.07. With `window` and `start` at the
   warm-up (the defaults), the rule fires at step 1000 for the stalled seeds and never for the
   others (tests/tasks/test_copy_score.py replays these histories). Checked since at the
-  recipe's own rate (`configs/stall_medium.py`, `benchmarks/stall_sweep.json`): the stalled
+  recipe's own rate (`sparse_jax/configs/stall_medium.py`, `benchmarks/stall_sweep.json`): the stalled
   dense seed 1, rerun, 0.974 at step 500 and 0.924 at step 1000, fires at step 1000. The stalled runs do keep
   learning to copy, slowly (0.93 -> 0.82 over steps 1000-1500 for one; 0.52 and 0.56 at step
   4000 for two of them, as high as healthy prose runs), so the rule judges the first steps past

@@ -158,7 +158,7 @@ def test_streams_continue_across_segments_and_iterator_state_round_trips(source,
 
 
 def test_e8_config_trains_and_evaluates_on_a_prepared_copy(source, tmp_path):
-  """`train.py --config=configs/e8_dense.py` with a tiny prepared copy and a tiny model."""
+  """`train.py --config=e8_dense` with a tiny prepared copy and a tiny model."""
   manual_dir, _ = source
   config = e8_dense.get_config()
   config.data.update(manual_dir=manual_dir, data_dir=str(tmp_path / "tfds"), download=False,

@@ -125,7 +125,7 @@ def test_word_and_token_perplexity_share_one_log_likelihood():
 
 
 def test_wt_s_config_trains_and_reports_token_and_word_perplexity(manual_dir, tmp_path):
-  """`train.py --config=configs/wt103_s_dense.py` with a tiny prepared copy and tiny model."""
+  """`train.py --config=wt103_s_dense` with a tiny prepared copy and tiny model."""
   config = wt103_s_dense.get_config()
   config.data.update(manual_dir=manual_dir, data_dir=str(tmp_path / "tfds"), download=False,
                      sp_vocab_size=VOCAB, batch_size=4, seq_len=16)

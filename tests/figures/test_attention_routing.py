@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from lm_testing import tiny_lm_config
 
-import figures
+from sparse_jax.cli import figures
 from sparse_jax.figures import attention_routing
 from sparse_jax.layers.switchhead_attention import SwitchHeadAttention
 from sparse_jax.tasks import train_and_evaluate

@@ -1,4 +1,4 @@
-"""The sigma-MoE authors' Transformer-XL details (`configs/paper_training.py`), each checked
+"""The sigma-MoE authors' Transformer-XL details (`sparse_jax/configs/paper_training.py`), each checked
 against an independent computation, and the paper configs that set them."""
 
 import jax

@@ -91,7 +91,7 @@ def test_every_ff_kind_is_covered():
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_bfloat16_training_step_multiplies_in_bfloat16(name, monkeypatch):
-  # The byte-LM backbone's architecture, as a float32 checkpoint of configs/default.py saves it.
+  # The byte-LM backbone's architecture, as a float32 checkpoint of sparse_jax/configs/default.py saves it.
   saved = _lm().model
   saved.dtype = "float32"
   monkeypatch.setattr(backbones, "backbone_model_config", lambda cfg: saved)

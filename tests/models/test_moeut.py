@@ -1,6 +1,6 @@
 """MoEUT as `TransformerLM` options: shared layer groups, the peri-LayerNorm, the per-sequence
 entropy regulariser over time and repeats (against float64 numpy), the MoE router reading its
-own input, decoding, and configs/moeut_paper.py's parameter counts against the authors'."""
+own input, decoding, and sparse_jax/configs/moeut_paper.py's parameter counts against the authors'."""
 
 import jax
 import jax.numpy as jnp

@@ -40,7 +40,7 @@ r*G + g, both ABAB):
 What is adjusted to compare (our code is unchanged):
 - LayerNorm epsilon: theirs is torch's default 1e-5 (`torch.nn.LayerNorm(d_model)`, moeut.py
   lines 380-381, 458); ours is `model.layer_norm_eps`, 1e-6 by default and in
-  `configs/moeut_paper.py`. Here `layer_norm_eps` is set to theirs (saved in the npz).
+  `sparse_jax/configs/moeut_paper.py`. Here `layer_norm_eps` is set to theirs (saved in the npz).
 - Their stack needs a mask (`~mask`, line 366, fails on None): the harness passes the causal
   mask their LM builds (lines 471-472); ours is causal by construction.
 - Their total `reg_loss` is accumulated in a float32 tensor (line 423), so it is compared with

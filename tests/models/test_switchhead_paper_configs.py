@@ -1,4 +1,4 @@
-"""configs/switchhead_paper.py: each trio has the paper's parameter count, and the attention
+"""sparse_jax/configs/switchhead_paper.py: each trio has the paper's parameter count, and the attention
 MACs and memory of the authors' formula (moe_attention `paper/common.py`) as their tables
 print them (MACs and floats per layer and segment, in millions to one decimal: the paper's
 "170M vs 453M" for WT-103 small; the other rows evaluated from their formula with their sweeps'

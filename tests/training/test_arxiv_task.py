@@ -1,4 +1,4 @@
-"""`configs/terraformer_arxiv.py` trains (with train.py's flags) on a test-made archive in the
+"""`sparse_jax/configs/terraformer_arxiv.py` trains (with train.py's flags) on a test-made archive in the
 official format, and `eval.py` writes the ROUGE F1 of its greedy summaries."""
 
 import json
@@ -13,7 +13,7 @@ from sparse_jax.tasks import train_and_evaluate
 from sparse_jax.tasks import Seq2SeqTask, task_class, validate_config
 from tests import arxiv_testing
 
-TINY = ["--config=configs/terraformer_arxiv.py:small", "--config.model.d_model=32",
+TINY = ["--config=terraformer_arxiv:small", "--config.model.d_model=32",
         "--config.model.n_heads=2", "--config.model.attention_sparsity=2",
         "--config.model.n_encoder_layers=1", "--config.model.n_decoder_layers=1",
         "--config.model.ff.d_ff=64", "--config.model.lsh.chunk_len=8",

@@ -117,7 +117,7 @@ def two_processes(backbone_dir, data_dir, workdir):
   """`train.py` on the `finetune_config` run as two gloo-connected processes of 2 CPU devices
   (mesh data 2 x fsdp 2); returns their stdouts."""
   overrides = [
-      "--config=configs/glue.py:rte", "--config.backbone.kind=lm_checkpoint",
+      "--config=glue:rte", "--config.backbone.kind=lm_checkpoint",
       f"--config.backbone.path={backbone_dir}", f"--config.task.data_dir={data_dir}",
       "--config.task.download=False", "--config.task.max_len=24",
       "--config.method.spartan.n_parents=4", "--config.method.spartan.n_children=2",

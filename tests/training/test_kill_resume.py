@@ -1,6 +1,6 @@
 """kill -9 anywhere: `train.py` killed with SIGKILL, resumed, killed again..., ends with exactly
 the parameters, optimiser state and data position of an uninterrupted run (bit for bit), for
-the language model (the default config, tiny) and for fine-tuning (configs/spartan_stdlib.py on
+the language model (the default config, tiny) and for fine-tuning (sparse_jax/configs/spartan_stdlib.py on
 a tiny backbone).
 
 Each run is killed first at chosen points inside its checkpoint saves (tests/fault_injection.py:
@@ -161,7 +161,7 @@ def backbone(stdlib_slice, tmp_path_factory):
 
 
 def test_finetuning_survives_sigkill_anywhere(backbone, tmp_path, random_kills):
-  flags = ["--config=configs/spartan_stdlib.py", f"--config.backbone.path={backbone}",
+  flags = ["--config=spartan_stdlib", f"--config.backbone.path={backbone}",
            "--config.task.packages=('asyncio','unittest')",
            f"--config.task.data_dir={tmp_path / 'tfds'}", "--config.task.snippet_bytes=32",
            "--config.task.max_len=32", "--config.method.spartan.n_parents=4",

@@ -2,7 +2,7 @@
 resumes.
 
 Until then a checkpoint held the config as its file gave it (the task's `config`, with only
-the fields the file set, and the defaults the old `configs/default.py` restated); now it
+the fields the file set, and the defaults the old `sparse_jax/configs/default.py` restated); now it
 holds the resolved config (every default filled in) and resuming compares resolved values.
 The old layout is made here by the engine itself, with `Task.resolved_config` returning the
 config as given, as the engine did then.
@@ -19,7 +19,7 @@ from sparse_jax.tasks import evaluate_checkpoint, saved_config, train_and_evalua
 from sparse_jax.training.task import Task
 from sparse_jax.validation import ConfigError
 
-# Fields the old `configs/default.py` set to their schemas' defaults.
+# Fields the old `sparse_jax/configs/default.py` set to their schemas' defaults.
 RESTATED_DEFAULTS = {"model.attn_dropout": 0.0, "model.tie_embeddings": False,
                      "model.dtype": "float32", "model.ff.init": "sigma",
                      "model.ff.expert_hidden_dropout": 0.0, "model.ff.impl": "auto"}

@@ -60,8 +60,8 @@ def test_profile_steps_may_change_on_resume():
 
 
 @pytest.mark.parametrize("config_file, flag", [
-    ("configs/default.py", "10,15"), ("configs/default.py", "'10,15'"),
-    ("configs/default.py", "(10, 15)"), ("configs/sigma_moe_paper.py:wt103_s", "10,15")])
+    ("default", "10,15"), ("default", "'10,15'"), ("default", "(10, 15)"),
+    ("sigma_moe_paper:wt103_s", "10,15")])
 def test_profile_steps_from_the_command_line(config_file, flag):
   """ml_collections reads `10,15` as a tuple where the config has no such field (the
   default), and as the string it is where the field is a string placeholder (the paper

@@ -21,7 +21,7 @@ from sparse_jax.training.resume_config import FIELDS_ADDED_LATER
 from sparse_jax.training.task import Task
 from sparse_jax.validation import ConfigError
 
-TINY = ["--config=configs/terraformer_arithmetic.py:add", "--config.model.d_model=32",
+TINY = ["--config=terraformer_arithmetic:add", "--config.model.d_model=32",
         "--config.model.n_heads=2", "--config.model.n_encoder_layers=1",
         "--config.model.n_decoder_layers=1", "--config.model.ff.d_ff=64",
         "--config.model.lsh.chunk_len=8", "--config.model.lsh.n_buckets=4",
