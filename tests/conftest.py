@@ -47,6 +47,7 @@ SLOW_TESTS = (
     "tests/training/test_kill_resume.py",
     "tests/training/test_checkpoint_faults.py",
     "tests/training/test_parallel_training.py",
+    "tests/training/test_tensor_parallel.py",
     "tests/training/test_finetune_engine.py",
     "tests/training/test_attention_kinds_resume.py",
     "tests/training/test_rng_impl.py::test_rbg_run_resumes_exactly_and_its_checkpoint_evaluates",
@@ -67,6 +68,7 @@ SLOW_TESTS = (
     "tests/test_length_generalization_smoke.py",
     "tests/test_spartan_stdlib_seeds_smoke.py",
     "tests/test_switchhead_small_smoke.py",
+    "tests/test_installed_package.py",
 )
 # Run first within their step: with `-n 2` the workers take tests in collection order, so a
 # long test collected last would run alone at the end while the other worker idles.
