@@ -1,6 +1,6 @@
 """Meshes and the one place that maps arrays to mesh axes.
 
-The mesh has three axes, all `AxisType.Auto` so XLA propagates shardings through the model:
+The mesh has four axes, all `AxisType.Auto` so XLA propagates shardings through the model:
 
 - `data`: data parallelism. The batch is split over it; parameters are replicated.
 - `fsdp`: fully-sharded data parallelism. The batch is split over it too, and every parameter
@@ -9,10 +9,20 @@ The mesh has three axes, all `AxisType.Auto` so XLA propagates shardings through
 - `expert`: expert parallelism. The batch is split over it too, and the MoE expert weights
   are split over it along their `experts` dimension; token slots travel to their expert's
   device and back (`sparse_jax.layers.expert_parallel`).
+- `tensor`: tensor (model) parallelism, Megatron-style (Shoeybi et al. 2019). The batch is
+  NOT split over it: its devices hold the same rows and split each layer's weights within
+  the layer: attention heads (Q, K, V, the XL position projection and biases by head, the
+  output projection by its input rows), feed-forward hidden units (the dense FF's `d_ff`,
+  each expert's `G` columns; routers replicated), and the vocabulary of the embedding and
+  the output layer. XLA's partitioner then runs the column-parallel projections on each
+  device's slice and sums the row-parallel ones' partial products over `tensor`
+  (all-reduces of the activations, not gathers of weights: `benchmarks/
+  tensor_parallel_collectives.py` counts them). Which layers may be split is checked with
+  the config (`sparse_jax.models.tensor_support`).
 
-So every device holds `batch / (data * fsdp * expert)` rows of each batch. The trainer always
-runs on a mesh (1 x 1 x 1 on one device); layers and models used without `jax.set_mesh`, as
-in a notebook, behave as they always did on one device.
+So every device holds `batch / (data * fsdp * expert)` rows of each batch (`BATCH_AXES`).
+The trainer always runs on a mesh (1 x 1 x 1 x 1 on one device); layers and models used
+without `jax.set_mesh`, as in a notebook, behave as they always did on one device.
 
 Every parameter declares, where it is created, the logical name of each of its dimensions as
 the variable metadata `logical_axes` (`nnx.Param(w, logical_axes=("embed", "mlp"))`; flax
@@ -41,11 +51,14 @@ The logical axes (`LOGICAL_AXES`):
   halves of a PKM product key. Small; never split.
 
 `RULES` maps them to mesh axes. Rules are tried in order, each on the first dimension with
-its name whose size the rule's mesh axes divide, provided none of those axes already splits
-another dimension of the array. So the expert weights are split over `expert` along
-`experts`, every parameter over `fsdp` along the first of `embed, mlp, vocab, ...` that the
-fsdp size divides (replicated if none does), and batches over all three axes. Arrays without
-declared axes (RNG keys, step counts, a parameter that declares none) are replicated.
+its name whose size the product of its mesh axes (and of those an earlier rule put on that
+dimension) divides, provided none of those axes already splits a dimension of the array.
+So the expert weights are split over `expert` along `experts`; `heads`, `mlp` and `vocab`
+over `tensor` (before any fsdp rule, so that fsdp then takes `embed`); every parameter over
+`fsdp` along the first of `embed, mlp, vocab, ...` that the fsdp size divides (a dimension
+`tensor` splits is split further, `("tensor", "fsdp")`; replicated if none divides); and
+batches over `BATCH_AXES`. Arrays without declared axes (RNG keys, step counts, a parameter
+that declares none) are replicated.
 """
 
 import math
@@ -59,9 +72,9 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from sparse_jax import schema, validation
 
-DATA, FSDP, EXPERT = "data", "fsdp", "expert"
-MESH_AXES = (DATA, FSDP, EXPERT)
-BATCH_AXES = (DATA, FSDP, EXPERT)
+DATA, FSDP, EXPERT, TENSOR = "data", "fsdp", "expert", "tensor"
+MESH_AXES = (DATA, FSDP, EXPERT, TENSOR)
+BATCH_AXES = (DATA, FSDP, EXPERT)  # Not `tensor`: its devices hold the same batch rows.
 
 LOGICAL_AXES_KEY = "logical_axes"  # The variable metadata holding a parameter's axes.
 LOGICAL_AXES = ("batch", "experts", "expert_scores", "embed", "mlp", "lowrank", "vocab",
@@ -70,6 +83,9 @@ LOGICAL_AXES = ("batch", "experts", "expert_scores", "embed", "mlp", "lowrank", 
 RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("batch", BATCH_AXES),
     ("experts", (EXPERT,)),
+    ("heads", (TENSOR,)),
+    ("mlp", (TENSOR,)),
+    ("vocab", (TENSOR,)),
     ("embed", (FSDP,)),
     ("mlp", (FSDP,)),
     ("vocab", (FSDP,)),
@@ -82,27 +98,36 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 
 class MeshConfig(schema.Schema):
-  """The `mesh` section: sizes of the `(data, fsdp, expert)` axes; one may be -1, "all
-  remaining devices" (an empty section: one device)."""
+  """The `mesh` section: sizes of the `(data, fsdp, expert, tensor)` axes (an empty section:
+  one device). One of data, fsdp, expert may be -1, "all remaining devices"; `tensor` is a
+  choice of the model's split, so it is always given (default 1: unsplit)."""
 
   data: int = 1
   fsdp: int = 1
   expert: int = 1
+  tensor: schema.PositiveInt = 1
 
   def sizes(self) -> list[int]:
-    return [self.data, self.fsdp, self.expert]
+    return [self.data, self.fsdp, self.expert, self.tensor]
 
   def check(self, path: str) -> None:
-    for axis, size in zip(MESH_AXES, self.sizes()):
+    for axis, size in zip(BATCH_AXES, self.sizes()):
       validation.require(size >= 1 or size == -1, f"{path}.{axis}",
                          "a positive integer or -1 (all remaining devices)", size)
     validation.require(self.sizes().count(-1) <= 1, path,
                        "at most one of data, fsdp, expert set to -1", self.to_dict())
 
+  def require_unsplit_model(self, what: str) -> None:
+    """Raises `ConfigError` naming `mesh.tensor` unless it is 1: for models that are not
+    split over `tensor` yet (`what` names them)."""
+    validation.require(self.tensor == 1, "mesh.tensor",
+                       f"1 with {what} (only the decoder LM is split over tensor so far)",
+                       self.tensor)
 
-def mesh_shape(mesh_config, n_devices: int) -> tuple[int, int, int]:
-  """`(data, fsdp, expert)` sizes from a `mesh` section (`MeshConfig` or a mapping), -1
-  resolved to the remaining devices.
+
+def mesh_shape(mesh_config, n_devices: int) -> tuple[int, int, int, int]:
+  """`(data, fsdp, expert, tensor)` sizes from a `mesh` section (`MeshConfig` or a mapping),
+  -1 resolved to the remaining devices.
 
   Raises `ConfigError` naming the field for a bad size or a mesh larger than the `n_devices`
   available.
@@ -112,16 +137,19 @@ def mesh_shape(mesh_config, n_devices: int) -> tuple[int, int, int]:
     sizes[sizes.index(-1)] = max(1, n_devices // math.prod(s for s in sizes if s != -1))
   if math.prod(sizes) > n_devices:
     raise validation.ConfigError(
-        f"mesh.data * mesh.fsdp * mesh.expert = {math.prod(sizes)} "
+        f"mesh.data * mesh.fsdp * mesh.expert * mesh.tensor = {math.prod(sizes)} "
         f"({dict(zip(MESH_AXES, sizes))}) exceeds the {n_devices} devices available.")
   return tuple(sizes)
 
 
 def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A `(data, fsdp, expert)` mesh of Auto axes over the first `prod(shape)` of `devices`
-  (default: all devices)."""
+  """A `(data, fsdp, expert, tensor)` mesh of Auto axes over the first `prod(shape)` of
+  `devices` (default: all devices). `shape` gives the sizes of the leading axes; those it
+  leaves out are 1 (`(2, 1, 4)`: data 2, expert 4, tensor 1). `tensor` is the last axis,
+  so a tensor group is neighbouring devices (one host's, on a multi-host mesh)."""
+  shape = tuple(shape) + (1,) * (len(MESH_AXES) - len(shape))
   devices = list(jax.devices() if devices is None else devices)[:math.prod(shape)]
-  return jax.make_mesh(tuple(shape), MESH_AXES, axis_types=(AxisType.Auto,) * 3,
+  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
                        devices=devices)
 
 
@@ -147,34 +175,35 @@ def batch_shards(mesh) -> int:
 
 
 def mesh_axes(logical_name: str, mesh=None) -> tuple[str, ...]:
-  """The mesh axes `RULES` maps `logical_name` to (only those of `mesh`, when given)."""
-  axes = dict(RULES).get(logical_name, ())
+  """The mesh axes the `RULES` of `logical_name` map it to, in rule order (only those of
+  `mesh`, when given)."""
+  axes = [a for name, rule in RULES if name == logical_name for a in rule]
   return tuple(a for a in axes if mesh is None or a in mesh.axis_names)
 
 
 def partition_spec(logical: Sequence[str | None], shape: Sequence[int] | None = None,
-                   mesh=None) -> PartitionSpec:
+                   mesh=None, only: Sequence[str] | None = None) -> PartitionSpec:
   """`RULES` applied to the logical axes of an array (`None`: a dimension never split).
 
   With `mesh`, only its axes are used, and with `shape` too a rule skips a dimension that
-  the product of its axes' sizes does not divide (see the module docstring).
+  the product of its axes' sizes does not divide (see the module docstring). With `only`,
+  only those mesh axes (what a `shard_map` body holds, the others gathered at its edge).
   """
   unknown = [name for name in logical if name is not None and name not in LOGICAL_AXES]
   if unknown:
     raise ValueError(f"unknown logical axes {unknown}; the known ones are {LOGICAL_AXES}.")
-  spec: list[str | tuple[str, ...] | None] = [None] * len(logical)
-  taken: set[str] = set()
-  for name, _ in RULES:
-    axes = mesh_axes(name, mesh)
-    if not axes or taken.intersection(axes):
+  split: list[tuple[str, ...]] = [()] * len(logical)  # The mesh axes of each dimension.
+  for name, rule in RULES:
+    axes = tuple(a for a in rule if (mesh is None or a in mesh.axis_names)
+                 and (only is None or a in only))
+    if not axes or any(set(axes) & set(done) for done in split):
       continue
-    size = math.prod(axis_size(mesh, axis) for axis in axes)
-    dims = [i for i, n in enumerate(logical)
-            if n == name and (shape is None or shape[i] % size == 0)]
+    dims = [i for i, n in enumerate(logical) if n == name and (
+        shape is None or shape[i] % math.prod(axis_size(mesh, a) for a in split[i] + axes) == 0)]
     if dims:
-      spec[dims[0]] = axes[0] if len(axes) == 1 else axes
-      taken.update(axes)
-  return PartitionSpec(*spec)
+      split[dims[0]] += axes
+  return PartitionSpec(*(None if not axes else axes[0] if len(axes) == 1 else axes
+                         for axes in split))
 
 
 def declared_axes(variable: nnx.Variable) -> tuple[str, ...] | None:
@@ -215,7 +244,8 @@ def state_shardings(state, mesh: Mesh):
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 2, batch_dim: int = 0) -> NamedSharding:
-  """Arrays whose dimension `batch_dim` is the batch: split over `data`, `fsdp`, `expert`."""
+  """Arrays whose dimension `batch_dim` is the batch: split over `data`, `fsdp`, `expert`
+  (replicated over `tensor`)."""
   logical: list[str | None] = [None] * ndim
   logical[batch_dim] = "batch"
   return NamedSharding(mesh, partition_spec(logical, mesh=mesh))

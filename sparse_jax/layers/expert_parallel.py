@@ -67,13 +67,18 @@ def _local_experts(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, *, impl, rate, 
                                    dropout_rate=rate, dropout_key=key)
 
 
-def check_expert_mesh(mesh, n_experts: int, n_tokens: int) -> None:
-  """Raises ValueError unless the experts and tokens split evenly over `mesh`."""
+def check_expert_mesh(mesh, n_experts: int, n_tokens: int, expert_size: int = 1) -> None:
+  """Raises ValueError unless the experts, their `expert_size` hidden units and the tokens
+  split evenly over `mesh`."""
   n_ep, shards = parallel.axis_size(mesh, parallel.EXPERT), parallel.batch_shards(mesh)
+  n_tp = parallel.axis_size(mesh, parallel.TENSOR)
   sizes = {axis: parallel.axis_size(mesh, axis) for axis in parallel.MESH_AXES}
   if n_experts % n_ep:
     raise ValueError(f"model.ff.n_experts={n_experts} must be divisible by the mesh's expert "
                      f"axis (mesh.expert={n_ep}; mesh sizes {sizes}).")
+  if expert_size % n_tp:
+    raise ValueError(f"model.ff.expert_size={expert_size} must be divisible by the mesh's "
+                     f"tensor axis (mesh.tensor={n_tp}; mesh sizes {sizes}).")
   if n_tokens % shards:
     raise ValueError(f"the {n_tokens} tokens reaching the MoE layer must split evenly over "
                      f"mesh.data * mesh.fsdp * mesh.expert = {shards} devices "
@@ -193,9 +198,9 @@ def _row_of_slot(slot_b: jax.Array, c: int) -> jax.Array:
 
 
 def _expert_parallel_body(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, *maybe_key, n_ep,
-                          check_vma,
-                          exchange, recv_factor, impl, rate, token_axes):
-  """One device's shard: `N_l` tokens and `E_l` experts (see the module docstring)."""
+                          check_vma, exchange, recv_factor, impl, rate, token_axes, tensor):
+  """One device's shard: `N_l` tokens and `E_l` experts, with `tensor` a `G / t` slice of
+  each (see the module docstring)."""
   n, k = sel_nk.shape
   e_local = w_up_edg.shape[0]
   sel_s = sel_nk.reshape(-1)
@@ -207,18 +212,23 @@ def _expert_parallel_body(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, *maybe_k
   expert_r = route.there(jnp.take(sel_s % e_local, route.slot_b, mode="fill", fill_value=0))
   gate_r = route.there(jnp.take(gates_nk.reshape(-1), route.slot_b, mode="fill",
                                 fill_value=0))
-  key = jax.random.fold_in(maybe_key[0], jax.lax.axis_index(token_axes)) if maybe_key else None
+  mask_axes = token_axes + (parallel.TENSOR,) if tensor else token_axes
+  key = jax.random.fold_in(maybe_key[0], jax.lax.axis_index(mask_axes)) if maybe_key else None
   # The weights are the same on every device of a token axis other than `expert`; marking them
   # varying makes the transpose sum their gradient over those devices.
   # (Unchecked, `_data_parallel`'s docstring, shard_map's transpose sums them itself.)
   if check_vma:
     other_axes = tuple(a for a in token_axes if a != parallel.EXPERT)
     w_up_edg, w_down_egd = jax.lax.pcast((w_up_edg, w_down_egd), other_axes, to="varying")
+  if tensor:
+    x_rd, gate_r = _to_tensor_slices(x_rd, gate_r)
   y_rd = _local_experts(x_rd, expert_r[:, None], gate_r[:, None], w_up_edg, w_down_egd,
                         impl=impl, rate=rate, key=key)
   y_bd = route.back(y_rd)
   y_nkd = jnp.take(y_bd, _row_of_slot(route.slot_b, n * k), axis=0).reshape(n, k, -1)
   y_nd = jnp.sum(y_nkd.astype(jnp.float32), axis=1).astype(x_nd.dtype)
+  if tensor:
+    y_nd = _sum_over_tensor(y_nd)
   return jnp.where(route.fits, y_nd, jnp.nan)
 
 
@@ -249,10 +259,19 @@ def _data_parallel(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, mesh, *, impl, 
 def _expert_specs(mesh) -> tuple[P, P]:
   """What a device holds of `w_up [E, d, G]` and `w_down [E, G, d]` inside the maps: whole
   experts split over `expert` and their hidden units over `tensor` (`parallel`'s rules on
-  those two axes; fsdp and the rest are gathered at the map's edge)."""
-  only = (parallel.EXPERT, parallel.TENSOR)
+  those two axes; fsdp and the rest are gathered at the map's edge). A tensor axis of size 1
+  is left out: weights split over it would vary over it, and so would the map's output."""
+  tensor = (parallel.TENSOR,) if parallel.axis_size(mesh, parallel.TENSOR) > 1 else ()
+  only = (parallel.EXPERT,) + tensor
   return (parallel.partition_spec(("experts", None, "mlp"), mesh=mesh, only=only),
           parallel.partition_spec(("experts", "mlp", None), mesh=mesh, only=only))
+
+
+def _to_tensor_slices(x_nd: jax.Array, gates_nk: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The rows and gates (the same on every device of a tensor group) marked varying over
+  `tensor` before the kernel: its gradients then come out per `G` slice, and the transpose
+  of the mark sums them over `tensor` (Megatron's "f"; its "g" is `_sum_over_tensor`)."""
+  return jax.lax.pcast((x_nd, gates_nk), parallel.TENSOR, to="varying")
 
 
 def _sum_over_tensor(y_nd: jax.Array) -> jax.Array:
@@ -264,14 +283,20 @@ def _tensor_parallel(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, mesh, *, impl
   """Every expert on every device of a tensor group, each device on its `G / t` slice of
   them and on its tokens (module docstring). Each device folds its position over the batch
   axes and `tensor` into the dropout key: its mask covers its own rows and units."""
-  check_expert_mesh(mesh, w_up_edg.shape[0], x_nd.shape[0])
-  mask_axes = parallel.mesh_axes("batch", mesh) + (parallel.TENSOR,)
+  check_expert_mesh(mesh, w_up_edg.shape[0], x_nd.shape[0], w_up_edg.shape[2])
+  token_axes = parallel.mesh_axes("batch", mesh)
   tokens = parallel.partition_spec(("batch", None), mesh=mesh)
   up, down = _expert_specs(mesh)
 
   def body(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, *maybe_key):
-    key = (jax.random.fold_in(maybe_key[0], jax.lax.axis_index(mask_axes)) if maybe_key
-           else None)
+    key = (jax.random.fold_in(maybe_key[0], jax.lax.axis_index(token_axes + (parallel.TENSOR,)))
+           if maybe_key else None)
+    # The same weights on every device of a batch axis other than `expert` (whose size 1
+    # splits them already): marked varying, their gradients are summed over those devices by
+    # the transpose.
+    other_axes = tuple(a for a in token_axes if a != parallel.EXPERT)
+    w_up_edg, w_down_egd = jax.lax.pcast((w_up_edg, w_down_egd), other_axes, to="varying")
+    x_nd, gates_nk = _to_tensor_slices(x_nd, gates_nk)
     return _sum_over_tensor(_local_experts(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd,
                                            impl=impl, rate=rate, key=key))
 
@@ -342,7 +367,7 @@ def apply_experts(x_nd: jax.Array, sel_nk: jax.Array, gates_nk: jax.Array,
                             rate=dropout_rate, key=dropout_key)
     return _local_experts(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, impl=impl,
                           rate=dropout_rate, key=dropout_key)
-  check_expert_mesh(mesh, w_up_edg.shape[0], x_nd.shape[0])
+  check_expert_mesh(mesh, w_up_edg.shape[0], x_nd.shape[0], w_up_edg.shape[2])
   token_axes = parallel.mesh_axes("batch", mesh)
   tokens = parallel.partition_spec(("batch", None), mesh=mesh)  # `[N, ...]` token rows
   # Inside the map a device holds whole experts (`experts` split), their units over `tensor`.
@@ -351,7 +376,7 @@ def apply_experts(x_nd: jax.Array, sel_nk: jax.Array, gates_nk: jax.Array,
   body = functools.partial(_expert_parallel_body, n_ep=n_ep, check_vma=check_vma,
                            exchange=exchange,
                            recv_factor=recv_factor, impl=impl, rate=dropout_rate,
-                           token_axes=token_axes)
+                           token_axes=token_axes, tensor=n_tp > 1)
   keys = () if dropout_key is None else (dropout_key,)
   mapped = jax.shard_map(body, in_specs=(tokens,) * 3 + (up, down) + (P(),) * len(keys),
                          out_specs=tokens, check_vma=check_vma)

@@ -55,6 +55,10 @@ class ClassificationExperiment(schema.Schema):
   eval: ClassificationEvalConfig
   mesh: parallel.MeshConfig
 
+  def check(self, path: str) -> None:
+    del path
+    self.mesh.require_unsplit_model("a fine-tuned encoder")
+
 
 def task_loss(logits_bc: jax.Array, labels_b: jax.Array) -> jax.Array:
   """Mean cross-entropy (C > 1 classes) or mean squared error (C = 1: regression)."""

@@ -27,6 +27,7 @@ from sparse_jax.models.accounting import attention_report, lm_step_flops, model_
 from sparse_jax.models.lm import TransformerLM
 from sparse_jax.models.lm_config import LMConfig
 from sparse_jax.models.rngs import make_rngs
+from sparse_jax.models.tensor_support import check_tensor_parallel
 from sparse_jax.models.xl_memory import XLMemory
 from sparse_jax.tasks import copy_score
 from sparse_jax.tasks.lm_evaluation import (Evaluator, cross_entropy, make_eval_step,
@@ -71,6 +72,7 @@ class LMExperiment(schema.Schema):
   mesh: parallel.MeshConfig
 
   def check(self, path: str) -> None:
+    check_tensor_parallel(self.model, self.mesh.tensor)
     vocab = self.data.spec().vocab_size
     validation.require(self.model.vocab_size >= vocab, "model.vocab_size",
                        f">= the vocabulary of data.name={self.data.name!r} ({vocab})",
@@ -166,6 +168,7 @@ class LanguageModelTask(Task):
     placement.check_batch(self.typed.data.batch_size, "data.batch_size")
     placement.check_batch(self.typed.eval.batch_size, "eval.batch_size")
     placement.check_experts(self.typed.model.ff)
+    check_tensor_parallel(self.typed.model, parallel.axis_size(placement.mesh, parallel.TENSOR))
 
   def load_data(self, placement: Placement):
     cfg = self.typed.data

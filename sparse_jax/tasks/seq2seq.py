@@ -49,6 +49,7 @@ class Seq2SeqExperiment(schema.Schema):
 
   def check(self, path: str) -> None:
     del path
+    self.mesh.require_unsplit_model("the seq2seq Terraformer")
     vocab = self.data.load().vocab_size
     validation.require(self.model.vocab_size >= vocab, "model.vocab_size",
                        f">= the vocabulary of data.name={self.data.name!r} ({vocab})",

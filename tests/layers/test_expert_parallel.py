@@ -23,6 +23,7 @@ from jax.sharding import AbstractDevice, AbstractMesh, AxisType
 from jax.sharding import PartitionSpec as P
 
 from sparse_jax import parallel
+from sparse_jax.aot.collectives import collectives
 from sparse_jax.layers import build_ff, expert_parallel
 from sparse_jax.layers.switchhead_attention import SwitchHeadAttention
 from sparse_jax.models.rngs import make_rngs
@@ -109,6 +110,50 @@ def test_every_kind_on_a_mesh_equals_one_device(name):
   assert np.abs(want[2][0]["w_up"]).max() > 0
   for mesh_shape in KIND_MESHES.get(name, [(2, 2, 2)]):
     assert_tree_close(run(layer, x, cotangent, mesh_shape), want)
+
+
+# (data, fsdp, expert, tensor): tensor alone, with data, with fsdp and expert, with expert.
+TENSOR_MESHES = [(1, 1, 1, 4), (2, 1, 1, 4), (1, 2, 2, 2), (1, 1, 4, 2)]
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_every_kind_with_tensor_parallel_experts_equals_one_device(name):
+  """Each expert's G columns split over `tensor` (G = 4: one column per device on tensor 4,
+  their partial outputs summed by one psum), the router replicated: outputs, the routers'
+  statistics and every gradient equal one device's. The sigma-MoE on every mesh, the other
+  kinds on the data x tensor one."""
+  layer = make_layer(name)
+  x, cotangent = inputs(3)
+  want = run(layer, x, cotangent)
+  meshes = TENSOR_MESHES if name == "sigma_moe" else TENSOR_MESHES[1:2]
+  for mesh_shape in meshes:
+    assert_tree_close(run(layer, x, cotangent, mesh_shape), want)
+
+
+def test_tensor_parallel_experts_keep_their_columns_split():
+  """On data 2 x tensor 4 the expert weights stay split over `tensor` (one all-reduce of the
+  partial outputs, none of them all-gathered)."""
+  layer = make_layer("sigma_moe")
+  x, cotangent = inputs(3)
+  graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
+  mesh = parallel.make_mesh(TENSOR_MESHES[1])
+  params = jax.device_put(params, parallel.state_shardings(params, mesh))
+  assert params["w_up"].get_value().sharding.spec == P("expert", "fsdp", "tensor")
+  assert params["w_down"].get_value().sharding.spec == P("expert", "tensor", "fsdp")
+  with jax.set_mesh(mesh):
+    hlo = forward_and_grads.lower(graphdef, params, rest, x, cotangent).compile().as_text()
+  over_tensor = [c for c in collectives(hlo) if c.group_size == 4]
+  assert {c.kind for c in over_tensor} == {"all-reduce"}
+  # The outputs' partial sums forward, the input gradient's backward, on the 16 token rows.
+  assert [c.shape for c in over_tensor if not c.backward] == [(16, D)]
+  assert (16, D) in [c.shape for c in over_tensor if c.backward]
+
+
+def test_a_gpu_kernel_under_tensor_parallelism_is_refused(monkeypatch):
+  monkeypatch.setattr(expert_parallel.pallas_kernels, "partitionable", lambda impl: False)
+  with pytest.raises(ValueError, match=r"model.ff.impl resolves to 'blocked', a kernel that "
+                                       r"does not run split over mesh.tensor=2"):
+    on_mesh((1, 1, 1, 2), *expert_inputs(routing("skewed")))
 
 
 def test_uneven_routing_with_idle_experts():
@@ -295,8 +340,8 @@ _TPU = AbstractDevice(device_kind="TPU v5 lite", num_cores=1, platform="tpu")
 
 def test_auto_exchange_is_ragged_on_tpu_only_and_ragged_lowers_for_gpus():
   cpu_mesh = parallel.make_mesh((2, 1, 4))
-  gpu_mesh, tpu_mesh = (AbstractMesh((2, 1, 4), parallel.MESH_AXES,
-                                     axis_types=(AxisType.Auto,) * 3, abstract_device=device)
+  gpu_mesh, tpu_mesh = (AbstractMesh((2, 1, 4, 1), parallel.MESH_AXES,
+                                     axis_types=(AxisType.Auto,) * 4, abstract_device=device)
                         for device in (_H100, _TPU))
   assert expert_parallel.resolve_exchange("auto", cpu_mesh.abstract_mesh) == "padded"
   assert expert_parallel.resolve_exchange("ragged", cpu_mesh.abstract_mesh) == "ragged"

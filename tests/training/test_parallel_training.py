@@ -19,12 +19,11 @@ import numpy as np
 import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
-from training_testing import (assert_trees_equal, free_port, patch_step, saved_item, sigterm_at,
-                              train_losses)
+from training_testing import (assert_trees_equal, first_steps, free_port, patch_step,
+                              saved_item, sigterm_at, train_losses)
 
 from sparse_jax import parallel
-from sparse_jax.tasks import task_for, train_and_evaluate
-from sparse_jax.training import loop
+from sparse_jax.tasks import train_and_evaluate
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -36,19 +35,6 @@ def mesh_config(tiny_config):
   tiny_config.eval.batch_size = 8
   tiny_config.model.ff.n_experts = 8
   return tiny_config
-
-
-def first_steps(config, workdir, shape, n_steps=2):
-  """Losses and gradient norms of `n_steps` training steps on a mesh of `shape`, and the
-  parameters after them."""
-  mesh = parallel.make_mesh(shape)
-  run = loop.Run(task_for(config), workdir, mesh)
-  with jax.set_mesh(mesh):
-    metrics = [jax.device_get(run.step(i)) for i in range(n_steps)]
-  run.close()
-  losses = [(float(m["loss"]), float(m["grad_norm"])) for m in metrics]
-  run.sync_to_modules()
-  return losses, jax.device_get(nnx.to_pure_dict(nnx.state(run.model, nnx.Param))), run
 
 
 def test_training_steps_on_a_mesh_equal_one_device(mesh_config, tmp_path):

@@ -10,6 +10,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from sparse_jax import parallel
+from sparse_jax.tasks import task_for
 from sparse_jax.tasks.lm import build_model
 from sparse_jax.training import loop
 from sparse_jax.training.checkpointing import Checkpointer
@@ -55,6 +57,19 @@ def sigterm_at(stop_index):
     return outputs
 
   return after_step
+
+
+def first_steps(config, workdir, shape, n_steps=2):
+  """Losses and gradient norms of `n_steps` training steps on a mesh of `shape`, and the
+  parameters after them."""
+  mesh = parallel.make_mesh(shape)
+  run = loop.Run(task_for(config), workdir, mesh)
+  with jax.set_mesh(mesh):
+    metrics = [jax.device_get(run.step(i)) for i in range(n_steps)]
+  run.close()
+  losses = [(float(m["loss"]), float(m["grad_norm"])) for m in metrics]
+  run.sync_to_modules()
+  return losses, jax.device_get(nnx.to_pure_dict(nnx.state(run.model, nnx.Param))), run
 
 
 def free_port() -> int:

@@ -1,0 +1,65 @@
+"""Which decoder LMs may be split over `mesh.tensor` so far, checked with the config.
+
+Tensor parallelism (`sparse_jax.parallel`) splits attention heads, feed-forward hidden units
+and the vocabulary. What is split and tested equal to one device so far (tests/training/
+test_tensor_parallel.py for whole LMs, tests/layers/test_expert_parallel.py for every MoE
+kind's layer): Transformer-XL and causal attention on their XLA paths; the dense FF and the
+MoE kinds on the XLA grouped-matmul impls (their experts' columns in a `shard_map` with one
+`psum`, `layers.expert_parallel`), with `data`, `fsdp` and `expert` beside `tensor`; dense and
+tied output layers. Everything else is refused here, naming the field, until it is split
+and tested: the fused XL attention and cuDNN attention cores (kernels XLA cannot split by
+head), the GPU/TPU expert kernels, SwitchHead and sparse QKV attention, the PKM, top-k and
+sparse FFs, MoEUT's shared layers, the multiplicative output, and the memory and adapter
+plug-ins. A split dimension must divide evenly: heads, `d_ff`, `expert_size` and the
+vocabulary by `mesh.tensor`.
+"""
+
+from sparse_jax import validation
+from sparse_jax.models.lm_config import LMConfig
+
+TENSOR_FF_KINDS = ("dense", "sigma_moe", "switch", "noisy_topk", "sbase", "softmax_moe")
+TENSOR_ATTENTION_KINDS = ("xl", "causal")
+# The grouped-matmul impls XLA partitions ("auto" is checked again when the layer is traced:
+# it means a GPU or TPU kernel there, `expert_parallel.check_tensor_kernel`).
+TENSOR_FF_IMPLS = ("auto", "blocked", "ragged", "gather")
+
+
+def _supported(condition: bool, field: str, tensor: int, allowed: str, got) -> None:
+  validation.require(condition, field, f"{allowed} with mesh.tensor={tensor} (the rest is not "
+                     "split over tensor yet; docs/scaling_out.md)", got)
+
+
+def _divides(size: int, field: str, tensor: int) -> None:
+  validation.require(size % tensor == 0, field,
+                     f"divisible by mesh.tensor={tensor} (it is split over tensor)", size)
+
+
+def check_tensor_parallel(model: LMConfig, tensor: int) -> None:
+  """Raises `ConfigError` naming the field unless the typed `model` section can be split
+  `tensor` ways (module docstring); nothing to check for `tensor` 1."""
+  if tensor == 1:
+    return
+  ff = model.ff
+  _supported(ff.kind in TENSOR_FF_KINDS, "model.ff.kind", tensor,
+             f"one of {TENSOR_FF_KINDS}", ff.kind)
+  _supported(model.attention in TENSOR_ATTENTION_KINDS, "model.attention", tensor,
+             f"one of {TENSOR_ATTENTION_KINDS}", model.attention)
+  _supported(model.attention_impl != "pallas", "model.attention_impl", tensor,
+             "not 'pallas' (the fused XL attention)", model.attention_impl)
+  _supported(model.attention_core != "cudnn", "model.attention_core", tensor,
+             "not 'cudnn'", model.attention_core)
+  _supported(model.loss_sparsity == 0, "model.loss_sparsity", tensor,
+             "0 (a dense or tied output layer)", model.loss_sparsity)
+  _supported(model.layer_groups is None, "model.layer_groups", tensor, "None",
+             model.layer_groups)
+  for plugin in ("memory", "adapters"):
+    kind = getattr(model, plugin).kind
+    _supported(kind == "none", f"model.{plugin}.kind", tensor, "'none'", kind)
+  _divides(model.n_heads, "model.n_heads", tensor)
+  _divides(model.vocab_size, "model.vocab_size", tensor)
+  if ff.kind == "dense":
+    _divides(ff.d_ff, "model.ff.d_ff", tensor)
+  else:
+    _supported(ff.impl in TENSOR_FF_IMPLS, "model.ff.impl", tensor,
+               f"one of {TENSOR_FF_IMPLS}", ff.impl)
+    _divides(ff.expert_size, "model.ff.expert_size", tensor)

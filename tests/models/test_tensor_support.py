@@ -1,0 +1,59 @@
+"""The config check of tensor parallelism: what `mesh.tensor` > 1 refuses, naming the field."""
+
+import pytest
+from lm_testing import tiny_lm_config
+
+from sparse_jax.configs import glue
+from sparse_jax.tasks import validate_config
+from sparse_jax.validation import ConfigError
+
+
+@pytest.fixture
+def config(tmp_path):
+  """The tiny sigma-MoE LM on tensor 2 (heads 2, experts of 16, vocabulary 256 divide)."""
+  config = tiny_lm_config(str(tmp_path), str(tmp_path / "tfds"))
+  config.mesh.tensor = 2
+  return config
+
+
+def test_the_tested_kinds_pass(config):
+  validate_config(config)
+  config.model.update(attention="causal")
+  config.model.ff = {"kind": "dense", "d_ff": 64}
+  config.mesh.update(data=2, expert=1)
+  validate_config(config)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"ff": {"kind": "pkm", "n_subkeys": 4, "knn": 2, "n_heads": 1}},
+     r"'model.ff.kind' must be one of \('dense', 'sigma_moe', .*\) with mesh.tensor=2 .*not "
+     r"split over tensor yet.*got 'pkm'"),
+    ({"attention": "sparse_qkv"}, r"'model.attention' must be one of \('xl', 'causal'\)"),
+    ({"attention_impl": "pallas", "attn_dropout": 0.0},
+     r"'model.attention_impl' must be not 'pallas'"),
+    ({"loss_sparsity": 4}, r"'model.loss_sparsity' must be 0"),
+    ({"n_heads": 1}, r"'model.n_heads' must be divisible by mesh.tensor=2.*got 1"),
+    ({"vocab_size": 257}, r"'model.vocab_size' must be divisible by mesh.tensor=2"),
+    ({"ff.expert_size": 15}, r"'model.ff.expert_size' must be divisible by mesh.tensor=2"),
+    ({"ff.impl": "pallas"}, r"'model.ff.impl' must be one of \('auto', 'blocked', 'ragged', "
+                            r"'gather'\) with mesh.tensor=2"),
+    ({"ff": {"kind": "dense", "d_ff": 63}}, r"'model.ff.d_ff' must be divisible by mesh.tensor"),
+])
+def test_what_is_not_split_yet_is_refused_naming_the_field(config, change, message):
+  for field, value in change.items():
+    if field.startswith("ff."):
+      config.model.ff[field[3:]] = value
+    else:
+      config.model[field] = value
+  with pytest.raises(ConfigError, match=message):
+    validate_config(config)
+  config.mesh.tensor = 1
+  if "divisible" in message:
+    validate_config(config)  # Only the split needed it.
+
+
+def test_models_other_than_the_lm_refuse_tensor():
+  config = glue.get_config("rte")
+  config.mesh.tensor = 2
+  with pytest.raises(ConfigError, match=r"'mesh.tensor' must be 1 with a fine-tuned encoder"):
+    validate_config(config)

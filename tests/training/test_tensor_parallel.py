@@ -1,0 +1,144 @@
+"""Tensor parallelism: whole LMs on meshes with a `tensor` axis equal one device (8 simulated
+CPU devices): the losses, gradient norms and parameters of 3 training steps, and the full
+gradients of the loss, for the dense and the sigma-MoE LM (Transformer-XL attention; the
+dense one with causal attention too) on `tensor=8`, `data=2,tensor=4` and
+`fsdp=2,expert=2,tensor=2` (the dense LM, without experts: `fsdp=2,tensor=4`); a checkpoint saved on `tensor=4` resumes on `data=2,tensor=2`
+and on one device.
+
+Tolerances: a mesh changes only the order of f32 reductions (each device's partial sums over
+its heads, hidden units or vocabulary slice, then all-reduces), so losses and gradient norms
+agree to a few f32 ulps of the summed magnitudes (rtol 2e-5, as tests/training/
+test_parallel_training.py). Gradients: rtol 1e-4 with an atol of 1e-5 of each array's largest
+magnitude, for elements that are themselves sums cancelling to near zero. Parameters after
+Adam steps: atol 1e-4, a twentieth of the learning rate (2e-3): Adam normalises each update
+to about `lr`, so an element whose gradient is at reduction-noise level can move by a
+visible fraction of `lr` differently; the gradient comparison catches what that hides.
+"""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from training_testing import first_steps, patch_step, sigterm_at, train_losses
+
+from sparse_jax import parallel
+from sparse_jax.tasks import task_for, train_and_evaluate
+from sparse_jax.training.placement import Placement
+
+ONE = (1, 1, 1, 1)
+# (data, fsdp, expert, tensor); the dense FF has no experts to split, so fsdp 2 x tensor 4.
+MESHES = [(1, 1, 1, 8), (2, 1, 1, 4), (1, 2, 2, 2)]
+DENSE_MESHES = MESHES[:2] + [(1, 2, 1, 4)]
+
+
+@pytest.fixture
+def tp_config(tiny_config):
+  """The tiny sigma-MoE LM with 8 heads of 4, experts of 16 and batches of 8: every mesh of 8
+  splits its heads, hidden units, vocabulary (256) and batch."""
+  tiny_config.data.batch_size = 8
+  tiny_config.eval.batch_size = 8
+  tiny_config.model.update(n_heads=8)
+  tiny_config.model.ff.n_experts = 8
+  return tiny_config
+
+
+def dense(config, attention="xl"):
+  config.model.ff = {"kind": "dense", "d_ff": 64, "dropout": 0.1}
+  config.model.attention = attention
+  if attention != "xl":
+    config.model.mem_len = 0
+  return config
+
+
+def loss_and_grads(config, shape, tokens):
+  """The loss and its gradients w.r.t. every parameter, for the model as initialised, on a
+  mesh of `shape` (the model and batch placed as training places them)."""
+  config.mesh = dict(zip(parallel.MESH_AXES, shape))
+  task, mesh = task_for(config), parallel.make_mesh(shape)
+  placement = Placement(mesh)
+  with jax.set_mesh(mesh):
+    model, _ = task.build(placement)
+    carry = task.init_carry(model, placement)
+    batch = placement.global_batch({"inputs": tokens[:, :-1], "targets": tokens[:, 1:]},
+                                   tokens.shape[0])
+
+    @nnx.jit
+    def grads(model, batch, carry):
+      model.eval()  # Dropout off: only the mesh differs.
+      (loss, _), g = nnx.value_and_grad(task.loss, has_aux=True)(model, batch, carry)
+      return loss, g
+
+    loss, g = grads(model, batch, carry)
+  return float(loss), jax.device_get(nnx.to_pure_dict(g))
+
+
+def assert_grads_close(got, want, mesh):
+  def close(path, g, w):
+    atol = 1e-5 * max(float(np.abs(w).max(initial=0.0)), 1e-6)
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=atol,
+                               err_msg=f"{mesh} {jax.tree_util.keystr(path)}")
+
+  jax.tree.map_with_path(close, got, want)
+
+
+def assert_like_one_device(config, tmp_path, meshes):
+  config.data.data_dir = str(tmp_path / "tfds")
+  tokens = np.random.default_rng(0).integers(0, 256, (8, 17), dtype=np.int32)
+  want_loss, want_grads = loss_and_grads(config, ONE, tokens)
+  assert all(np.abs(g).max() > 0 for g in jax.tree.leaves(want_grads))
+  ref_losses, ref_params, _ = first_steps(config, str(tmp_path / "one"), ONE, n_steps=3)
+  for shape in meshes:
+    loss, grads = loss_and_grads(config, shape, tokens)
+    np.testing.assert_allclose(loss, want_loss, rtol=2e-5, err_msg=str(shape))
+    assert_grads_close(grads, want_grads, shape)
+    losses, params, run = first_steps(config, str(tmp_path / str(shape)), shape, n_steps=3)
+    np.testing.assert_allclose(losses, ref_losses, rtol=2e-5, err_msg=str(shape))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4, err_msg=str(shape)),
+                 params, ref_params)
+    assert_split_over_tensor(run.model, shape[3])
+
+
+def assert_split_over_tensor(model, tensor):
+  """Heads, the FF's hidden units and the vocabulary are split `tensor` ways on the device."""
+  block = model.blocks[0]
+  ff_up = block.ff.w_up[...]
+  hidden = ff_up.shape[-1]
+  assert ff_up.addressable_shards[0].data.shape[-1] == hidden // tensor
+  w_q = block.attn.w_q[...]
+  assert w_q.addressable_shards[0].data.shape[1] == w_q.shape[1] // tensor
+  embedding = model.embed.embedding[...]
+  assert embedding.addressable_shards[0].data.shape[0] == embedding.shape[0] // tensor
+
+
+def test_the_sigma_moe_lm_on_tensor_meshes_equals_one_device(tp_config, tmp_path):
+  assert_like_one_device(tp_config, tmp_path, MESHES)
+
+
+def test_the_dense_lm_on_tensor_meshes_equals_one_device(tp_config, tmp_path):
+  assert_like_one_device(dense(tp_config), tmp_path, DENSE_MESHES)
+
+
+def test_the_dense_causal_lm_on_a_tensor_mesh_equals_one_device(tp_config, tmp_path):
+  assert_like_one_device(dense(tp_config, "causal"), tmp_path, MESHES[1:2])
+
+
+def test_saved_on_tensor_4_resumes_on_data_2_tensor_2_and_on_one_device(tp_config, tmp_path,
+                                                                          monkeypatch):
+  """A run stopped after step 2 on tensor 4 continues on the other meshes as the straight
+  run on tensor 4 does: the checkpoint's arrays are restored into the new mesh's shardings."""
+  tp_config.train.update(steps=4, ckpt_every=2, log_every=1)
+  tp_config.data.data_dir = str(tmp_path / "tfds")
+  four = parallel.make_mesh((1, 1, 1, 4))
+  straight = str(tmp_path / "straight")
+  train_and_evaluate(tp_config, straight, mesh=four)
+  expected = train_losses(straight)
+  for name, shape in [("data2_tensor2", (2, 1, 1, 2)), ("one", ONE)]:
+    workdir = str(tmp_path / name)
+    with monkeypatch.context() as m:
+      patch_step(m, sigterm_at(1))
+      assert train_and_evaluate(tp_config, workdir, mesh=four)["step"] == 2
+    train_and_evaluate(tp_config, workdir, mesh=parallel.make_mesh(shape))
+    got = train_losses(workdir)
+    assert sorted(got) == [1, 2, 3, 4]
+    np.testing.assert_allclose([got[s] for s in range(1, 5)],
+                               [expected[s] for s in range(1, 5)], rtol=2e-5, err_msg=name)
