@@ -154,6 +154,23 @@ def cvmm(x: jax.Array, sel: jax.Array, w: jax.Array, gates: jax.Array | None = N
     slots routed to e (nothing is checked for NaN, which would cost a sync). Exception:
     "ragged" on CPU, whose `ragged_dot` lowering multiplies every row by every expert,
     spreads a NaN weight w[e, m, l] to output column l of every token.
+
+  Example:
+    Two tokens, each sent to two of three experts; a slot's row is the token times its
+    expert's matrix, and gates sum a token's slots:
+
+    >>> from pallas_kernels import cvmm
+    >>> x = jnp.arange(8.0).reshape(2, 4)
+    >>> sel = jnp.array([[0, 2], [1, 2]])
+    >>> w = jax.random.normal(jax.random.key(0), (3, 4, 5))
+    >>> y = cvmm(x, sel, w)
+    >>> y.shape
+    (2, 2, 5)
+    >>> bool(jnp.allclose(y[1, 0], x[1] @ w[1], atol=1e-4))
+    True
+    >>> gates = jnp.array([[0.5, 0.5], [1.0, 0.0]])
+    >>> bool(jnp.allclose(cvmm(x, sel, w, gates)[0], 0.5 * x[0] @ (w[0] + w[2]), atol=1e-4))
+    True
   """
   backends.check_impl(impl)
   _check_inputs(x, sel, w, gates)

@@ -293,6 +293,21 @@ def expert_mlp(x_nd: jax.Array, sel_nk: jax.Array, gates_nk: jax.Array, w_up_edg
   Returns:
     y_nd [N, d] in the dtype of x (f32 accumulation); differentiable in x, gates and both
     weights.
+
+  Example:
+    Three tokens, two of four experts each, against each token's experts written out:
+
+    >>> from pallas_kernels import expert_mlp
+    >>> keys = jax.random.split(jax.random.key(0), 3)
+    >>> x = jax.random.normal(keys[0], (3, 8))
+    >>> w_up = jax.random.normal(keys[1], (4, 8, 16))
+    >>> w_down = jax.random.normal(keys[2], (4, 16, 8))
+    >>> sel = jnp.array([[0, 1], [2, 3], [3, 0]])
+    >>> gates = jnp.array([[0.6, 0.4], [1.0, 0.0], [0.3, 0.7]])
+    >>> y = expert_mlp(x, sel, gates, w_up, w_down)
+    >>> expert = lambda n, e: jax.nn.relu(x[n] @ w_up[e]) @ w_down[e]
+    >>> bool(jnp.allclose(y[2], 0.3 * expert(2, 3) + 0.7 * expert(2, 0), rtol=1e-4, atol=1e-3))
+    True
   """
   backends.check_impl(impl)
   _check_inputs(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd)

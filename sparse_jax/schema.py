@@ -53,20 +53,20 @@ class _Mismatch(Exception):
   """A value does not fit an annotation (reported by the caller with the field's name)."""
 
 
-def _describe(hint) -> str:
-  """What an annotation allows, in words, for error messages."""
+def describe(hint) -> str:
+  """What an annotation allows, in words: for error messages and the API reference."""
   origin, args = typing.get_origin(hint), typing.get_args(hint)
   if origin is Annotated:
     return args[1].description
   if origin is Literal:
     return f"one of {list(args)}"
   if origin in (Union, types.UnionType):
-    arms = [_describe(arm) for arm in args if arm is not _NONE]
+    arms = [describe(arm) for arm in args if arm is not _NONE]
     return " or ".join(arms + (["None"] if _NONE in args else []))
   if origin is tuple:
     if args[1:] == (Ellipsis,):
-      return f"a tuple whose items are each {_describe(args[0])}"
-    return f"a tuple of {len(args)} items, each {_describe(args[0])}"
+      return f"a tuple whose items are each {describe(args[0])}"
+    return f"a tuple of {len(args)} items, each {describe(args[0])}"
   return _PLAIN[hint]
 
 
@@ -180,7 +180,20 @@ class Schema:
 
   @classmethod
   def parse(cls, cfg, path: str) -> "Schema":
-    """The typed, checked section `path` of a config (module docstring)."""
+    """The typed, checked section `path` of a config (module docstring).
+
+    Example:
+      The `model.ff` section of a dense layer, with its defaults filled in; a misspelt field
+      is named with the nearest valid one:
+
+      >>> from sparse_jax.layers.registry import FFConfig
+      >>> ff = FFConfig.parse({"kind": "dense", "d_ff": 1024}, "model.ff")
+      >>> ff.d_ff, ff.dropout, ff.activation
+      (1024, 0.0, 'relu')
+      >>> FFConfig.parse({"kind": "dense", "d_f": 1024}, "model.ff")
+      Traceback (most recent call last):
+      sparse_jax.validation.ConfigError: config field 'model.ff.d_f' is unknown for model.ff.kind='dense'; did you mean 'd_ff'? Valid fields: activation, d_ff, dropout, kind.
+    """
     if isinstance(cfg, cls):
       return cfg
     values = _fields_of(cfg, path)
@@ -209,11 +222,11 @@ class Schema:
         try:
           kwargs[name] = _convert(hint, values[name])
         except _Mismatch:
-          raise ConfigError(f"config field '{field_path}' must be {_describe(hint)}; got "
+          raise ConfigError(f"config field '{field_path}' must be {describe(hint)}; got "
                             f"{values[name]!r}.") from None
       elif field.default is dataclasses.MISSING:
         raise ConfigError(f"config field '{field_path}' is required{context}: "
-                          f"{_describe(hint)}.")
+                          f"{describe(hint)}.")
     instance = cls(**kwargs)
     instance.check(path)
     return instance

@@ -69,6 +69,7 @@ SLOW_TESTS = (
     "tests/test_spartan_stdlib_seeds_smoke.py",
     "tests/test_switchhead_small_smoke.py",
     "tests/test_installed_package.py",
+    "tests/test_api_reference.py::test_sphinx_builds_the_reference_and_its_examples_pass",
 )
 # Run first within their step: with `-n 2` the workers take tests in collection order, so a
 # long test collected last would run alone at the end while the other worker idles.

@@ -105,7 +105,21 @@ class MoE(FeedForward):
 
 class SigmaMoE(MoE):
   """sigma-MoE (Sec. 5): sigmoid router with expert dropout and the entropy regulariser,
-  the sigma init (or the "standard" ablation)."""
+  the sigma init (or the "standard" ablation).
+
+  Example:
+    A drop-in feed-forward layer: add `aux["reg_loss"]` to your loss;
+    `aux["expert_usage"]` counts each expert's token slots (k per token):
+
+    >>> from sparse_jax.layers import SigmaMoE
+    >>> moe = SigmaMoE(d_model=16, n_experts=4, expert_size=8, k=2, n_layers=2,
+    ...                rngs=nnx.Rngs(0))
+    >>> y, aux = moe(jnp.ones((2, 5, 16)))
+    >>> y.shape, aux["expert_usage"].shape, int(aux["expert_usage"].sum())
+    ((2, 5, 16), (4,), 20)
+    >>> aux["reg_loss"].shape
+    ()
+  """
 
   def __init__(self, d_model: int, n_experts: int, expert_size: int, k: int, *, n_layers: int,
                expert_dropout: float = 0.0, reg_coef: float = 0.001, init: str = "sigma",

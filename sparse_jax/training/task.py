@@ -26,7 +26,7 @@ class Task(abc.ABC):
   Constructing a task parses the whole config through the task's schema (`typed`; raises
   `ConfigError` naming the first bad field) and touches no file: data is read by `load_data`,
   models are built by `build`. `config` is kept as given; checkpoints store it resolved
-(`resolved_config`).
+  (`resolved_config`).
   """
 
   #: Name of the progress bar.
