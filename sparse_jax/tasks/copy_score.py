@@ -40,6 +40,11 @@ SLICE_SEED = 0
 #: and `eval.copy_stall_drop` (`tasks.lm.LMEvalConfig`).
 STALL_RATIO = 0.8
 STALL_DROP = 0.1
+#: The tokens a run trains before `eval.copy_stall_after_tokens` lets the rule judge it (the
+#: default of that field): the `quality_medium` runs that learned to copy did so after 2-4M
+#: tokens (steps 500-1000 of 4096 tokens), the stalled ones were told at 4.1M, and the embedded
+#: default's 400 steps (0.8M) are too short to have learned it, stalled or not.
+STALL_AFTER_TOKENS = 2_000_000
 
 
 def default_skip(half: int) -> int:
@@ -132,7 +137,9 @@ class StallRule:
     text it has just read), and
   - the ratio fell by less than `drop` since the latest earlier evaluation at a step in
     `[start, s - window]`: over at least `window` steps, all of them past `start` (the end of
-    the warm-up), it has not started to copy. With no such evaluation yet, it is not judged.
+    the warm-up), it has not started to copy. With no such evaluation yet, it is not judged;
+  - `s >= judge_from`: the run has trained long enough to have learned copying (the task sets
+    it from `eval.copy_stall_after_tokens`); before, a high ratio tells nothing.
 
   Calibration (`quality_medium`, benchmarks/history/2026-11-28_quality_medium.md: warm-up to
   step 400, an evaluation every 500 steps; `benchmarks/copy_probe*.json`, 16 slices of 128 bytes
@@ -160,11 +167,12 @@ class StallRule:
   drop: float
   window: int
   start: int
+  judge_from: int = 0
 
   def stalled(self, history: list[tuple[int, float]]) -> bool:
     """Whether the rule holds at the last of `history`'s `(step, copy_ratio)` (by step)."""
     step, ratio = history[-1]
-    if ratio < self.ratio:
+    if ratio < self.ratio or step < self.judge_from:
       return False
     earlier = [r for s, r in history[:-1] if self.start <= s <= step - self.window]
     return bool(earlier) and earlier[-1] - ratio < self.drop

@@ -48,7 +48,9 @@ class LMEvalConfig(schema.Schema):
   fill one training segment), each followed by itself, drawn once per run; 0 rows: no score
   and no stall warning. The stall warning (`copy_score.StallRule`) fires when the copy ratio
   is still >= `copy_stall_ratio` (None: never warn) and fell by less than `copy_stall_drop`
-  over at least `copy_stall_window` steps (None: `train.warmup_steps`) past the warm-up.
+  over at least `copy_stall_window` steps (None: `train.warmup_steps`) past the warm-up, once
+  the run has trained `copy_stall_after_tokens` tokens (`copy_score.STALL_AFTER_TOKENS`):
+  a shorter run has not had the data to learn copying, so its ratio tells nothing.
   """
 
   batch_size: schema.PositiveInt
@@ -59,6 +61,7 @@ class LMEvalConfig(schema.Schema):
   copy_stall_ratio: schema.PositiveFloat | None = copy_score.STALL_RATIO
   copy_stall_drop: schema.NonNegativeFloat = copy_score.STALL_DROP
   copy_stall_window: schema.NonNegativeInt | None = None
+  copy_stall_after_tokens: schema.NonNegativeInt = copy_score.STALL_AFTER_TOKENS
 
 
 class LMExperiment(schema.Schema):
@@ -94,8 +97,10 @@ class LMExperiment(schema.Schema):
     if not cfg.copy_rows or cfg.copy_stall_ratio is None:
       return None
     window = self.train.warmup_steps if cfg.copy_stall_window is None else cfg.copy_stall_window
+    tokens_per_step = self.data.batch_size * self.data.seq_len
     return copy_score.StallRule(ratio=cfg.copy_stall_ratio, drop=cfg.copy_stall_drop,
-                                window=window, start=self.train.warmup_steps)
+                                window=window, start=self.train.warmup_steps,
+                                judge_from=-(-cfg.copy_stall_after_tokens // tokens_per_step))
 
 
 def build_model(config) -> TransformerLM:

@@ -3,6 +3,7 @@ shaped like the recorded `quality_medium` runs
 (benchmarks/history/2026-11-28_quality_medium.md), and training runs that log the score at
 every evaluation: one made to stall warns naming the step, one that learns to copy does not."""
 
+import dataclasses
 import logging
 import math
 import os
@@ -143,6 +144,24 @@ def test_the_rule_at_its_edges():
   assert rule.stalled([(50, 0.9), (150, 0.85)])  # Fell by 0.05.
   assert rule.stalled([(50, 0.7), (100, 0.99), (150, 0.95)])  # The latest earlier one counts.
   assert not rule.stalled([(150, 1.0)])  # Nothing to compare with.
+  late = dataclasses.replace(rule, judge_from=151)  # Not trained long enough to judge.
+  assert not late.stalled([(50, 1.0), (150, 1.0)]) and late.stalled([(50, 1.0), (151, 1.0)])
+
+
+def test_the_default_run_is_too_short_to_be_judged_and_the_probes_are_not():
+  """`python train.py` (400 steps of 2048 tokens) warned at step 400 before the rule waited for
+  2M tokens: its model at its peak rate still scores 0.95 at steps 200 and 400, healthy or not
+  (seed 0 on a 1000-step schedule, 2026-12-05). The probes' stalled runs are judged at step
+  1000 as before."""
+  from sparse_jax.configs import default, stall_medium, stall_small
+  from sparse_jax.tasks.selection import validate_config
+  rule = validate_config(default.get_config()).stall_rule()
+  assert rule.judge_from > default.get_config().train.steps
+  assert fired([(200, 0.95), (400, 0.95)], rule) == []
+  for probe in (stall_medium, stall_small):
+    rule = validate_config(probe.get_config("dense/baseline")).stall_rule()
+    assert rule.judge_from <= 1000
+    assert fired(STALLED_BUILTIN, rule) == [1000] and fired(HEALTHY, rule) == []
 
 
 def test_a_rebuilt_detector_remembers_the_history_and_that_it_fired():
@@ -166,9 +185,11 @@ def test_a_rebuilt_detector_remembers_the_history_and_that_it_fired():
 def test_the_copy_fields_are_validated_and_have_one_default(tiny_config):
   task = LanguageModelTask(tiny_config)
   assert task.typed.copy_half == tiny_config.data.seq_len // 2
+  tokens_per_step = tiny_config.data.batch_size * tiny_config.data.seq_len
   assert task.typed.stall_rule() == copy_score.StallRule(
       ratio=copy_score.STALL_RATIO, drop=copy_score.STALL_DROP,
-      window=tiny_config.train.warmup_steps, start=tiny_config.train.warmup_steps)
+      window=tiny_config.train.warmup_steps, start=tiny_config.train.warmup_steps,
+      judge_from=math.ceil(2_000_000 / tokens_per_step))
   tiny_config.eval.copy_half = tiny_config.data.seq_len // 2 + 1
   with pytest.raises(ConfigError, match="eval.copy_half"):
     LanguageModelTask(tiny_config)
@@ -215,7 +236,9 @@ def copy_run_config(tmp_path, lr: float):
   config.model.ff.update(n_experts=4, expert_size=16, k=2)
   config.train.update(steps=300, warmup_steps=30, lr=lr, log_every=50, eval_every=50,
                       ckpt_every=300)
-  config.eval.update(batch_size=2, mem_len=16, max_batches=2, copy_stall_window=200)
+  # It learns to copy within 40k tokens: judged from the start (the default waits for 2M).
+  config.eval.update(batch_size=2, mem_len=16, max_batches=2, copy_stall_window=200,
+                     copy_stall_after_tokens=0)
   config.mesh.data = 1
   return config
 
