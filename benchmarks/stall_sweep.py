@@ -45,8 +45,10 @@ def criterion(config_name: str = "stall_medium") -> copy_score.StallRule:
 
 
 def evaluations(workdir: str) -> list[dict]:
-  """A run's validation lines: step, bits per byte, copy ratio."""
-  return [{"step": r["step"], "bits_per_byte": r["bits_per_byte"], "copy_ratio": r["copy_ratio"]}
+  """A run's validation lines: step, bits per byte, copy ratio, and whether the training's
+  stall warning fired there (`copy_stalled`)."""
+  return [{"step": r["step"], "bits_per_byte": r["bits_per_byte"], "copy_ratio": r["copy_ratio"],
+           "warned": bool(r.get("copy_stalled"))}
           for r in latest_records(read_metrics(workdir), "validation")]
 
 
@@ -67,6 +69,7 @@ def train_one(config_name: str, corpus: str, variant: str, seed: int, root: str)
   result["stalled_at"] = stalled_at(result["evaluations"], config_name)
   result["model"], _, result["recipe"] = variant.partition("/")
   result["stalled"] = result["stalled_at"] is not None
+  result["warned"] = any(e["warned"] for e in result["evaluations"])
   return result
 
 
@@ -87,17 +90,60 @@ def summarise(runs: list[dict]) -> list[dict]:
     rows.append({"corpus": corpus, "variant": variant, "seeds": [r["seed"] for r in mine],
                  "stalled_seeds": [r["seed"] for r in mine if r["stalled_at"] is not None],
                  "bpb": [r["valid_bits_per_byte"] for r in mine],
+                 "bpb_not_stalled": [r["valid_bits_per_byte"] for r in mine
+                                     if r["stalled_at"] is None],
                  "copy_ratio": [r["copy_ratio"] for r in mine]})
   return rows
 
 
+def paired(runs: list[dict], treated: str = "sigma_moe", control: str = "dense") -> list[dict]:
+  """Per corpus and recipe run with both models: `treated` minus `control` validation bits per
+  byte in percent of `control`'s, paired by seed, over every seed both have (stalled or not)."""
+  by_key = {(r["corpus"], r["variant"], r["seed"]): r["valid_bits_per_byte"] for r in runs}
+  rows = []
+  for corpus, variant in dict.fromkeys((r["corpus"], r["variant"]) for r in runs):
+    model, _, recipe = variant.partition("/")
+    if model != treated:
+      continue
+    seeds = sorted(s for c, v, s in by_key if (c, v) == (corpus, variant)
+                   and (corpus, f"{control}/{recipe}", s) in by_key)
+    diffs = [100 * (by_key[corpus, variant, s] / by_key[corpus, f"{control}/{recipe}", s] - 1)
+             for s in seeds]
+    if diffs:
+      rows.append({"corpus": corpus, "recipe": recipe, "seeds": seeds, "diff_percent": diffs})
+  return rows
+
+
+def alarms(runs: list[dict]) -> dict:
+  """The training's stall warning against the probe's criterion over `runs` that record it:
+  false alarms (warned, did not stall) and missed ones (stalled, no warning)."""
+  judged = [r for r in runs if "warned" in r]
+  return {"runs": len(judged),
+          "false": sorted((r["variant"], r["seed"]) for r in judged
+                          if r["warned"] and not r["stalled"]),
+          "missed": sorted((r["variant"], r["seed"]) for r in judged
+                           if r["stalled"] and not r["warned"])}
+
+
 def format_table(rows: list[dict], steps: int = stall_medium.STEPS) -> str:
   lines = [f"| corpus | model/change | stalled / runs | stalled seeds | bpb at step "
-           f"{steps} | copy ratio |", "|---|---|---:|---|---:|---:|"]
+           f"{steps} | bpb, runs that did not stall | copy ratio |",
+           "|---|---|---:|---|---:|---:|---:|"]
   for r in rows:
     lines.append(f"| {r['corpus']} | {r['variant']} | {len(r['stalled_seeds'])} / "
                  f"{len(r['seeds'])} | {','.join(map(str, r['stalled_seeds'])) or '-'} | "
-                 f"{_mean_sd(r['bpb'])} | {_mean_sd(r['copy_ratio'])} |")
+                 f"{_mean_sd(r['bpb'])} | {_mean_sd(r.get('bpb_not_stalled', []))} | "
+                 f"{_mean_sd(r['copy_ratio'])} |")
+  return "\n".join(lines)
+
+
+def format_paired(rows: list[dict]) -> str:
+  lines = ["| corpus | recipe | seeds | sigma-MoE - dense, % of dense (mean +- sd) |",
+           "|---|---|---:|---:|"]
+  for r in rows:
+    mean, sd = quality_small.mean_sd(r["diff_percent"])
+    lines.append(f"| {r['corpus']} | {r['recipe']} | {len(r['seeds'])} | {mean:+.2f}"
+                 + ("" if sd is None else f" +- {sd:.2f}") + " |")
   return "\n".join(lines)
 
 
@@ -134,7 +180,9 @@ def main(argv=None) -> dict:
       runs = {(r["corpus"], r["variant"], r["seed"]): r for r in json.load(f)["runs"]}
   machine = machine_info()
   recorded = lambda: {"machine": machine, "args": vars(args),  # noqa: E731
-                      "summary": summarise(list(runs.values())), "runs": list(runs.values())}
+                      "summary": summarise(list(runs.values())),
+                      "paired": paired(list(runs.values())),
+                      "alarms": alarms(list(runs.values())), "runs": list(runs.values())}
   todo = [(args.corpus, f"{m}/{c}", s) for m in models for c in changes
           for s in parse_seeds(args.seeds) if (args.corpus, f"{m}/{c}", s) not in runs]
   if args.jobs > 1 and todo:
@@ -147,6 +195,9 @@ def main(argv=None) -> dict:
     write_result(recorded(), args.out)
   result = recorded()
   print(format_table(result["summary"], probe.STEPS))
+  print(format_paired(result["paired"]))
+  print(f"stall warning against the criterion over {result['alarms']['runs']} runs: false "
+        f"alarms {result['alarms']['false']}, missed {result['alarms']['missed']}")
   return result
 
 

@@ -17,20 +17,23 @@ HEALTHY = [(250, 0.99), (500, 0.97), (750, 0.80), (1000, 0.50)]
 
 
 def _fake_train(stalled_seeds):
-  """A stub of `train_to_completion`: `STALLED` or `HEALTHY` evaluations; bits per byte at
-  the last step 2 + seed / 10."""
+  """A stub of `train_to_completion`: `STALLED` or `HEALTHY` evaluations, the training's
+  warning at step 1000 of the stalled ones; bits per byte at the last step 2 + seed / 10, and
+  5% more for sigma-MoE."""
   calls = []
 
   def train(config, workdir):
     calls.append((config.model.get("embed_init", "normal"), config.seed))
     history = STALLED if config.seed in stalled_seeds else HEALTHY
+    bpb = (2 + config.seed / 10) * (1.05 if config.model.ff.kind == "sigma_moe" else 1)
     lines = [{"step": 1000, "split": "train", "tokens_per_second": 1000.0}]
-    lines += [{"step": step, "split": "validation", "bits_per_byte": 2 + config.seed / 10,
-               "copy_ratio": ratio} for step, ratio in history]
+    lines += [{"step": step, "split": "validation", "bits_per_byte": bpb, "copy_ratio": ratio,
+               **({"copy_stalled": 1} if step == 1000 and history is STALLED else {})}
+              for step, ratio in history]
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
       f.writelines(json.dumps(line) + "\n" for line in lines)
-    return {"bits_per_byte": 2 + config.seed / 10, "copy_ratio": history[-1][1]}
+    return {"bits_per_byte": bpb, "copy_ratio": history[-1][1]}
 
   return train, calls
 
@@ -146,6 +149,20 @@ def test_the_small_probe_records_recipes_of_joined_changes(tmp_path, monkeypatch
   assert joined["model"] == "sigma_moe" and joined["steps"] == stall_small.STEPS
   assert joined["config_fields"]["model.embed_init"] == "fan_in"
   assert joined["config_fields"]["model.residual_init_scale"] == 0.0
+  assert joined["warned"] is False and runs["baseline", 0]["warned"] is True
+  assert result["alarms"] == {"runs": 4, "false": [], "missed": []}
+  # Both models on the same seeds: sigma-MoE's 5% is the paired difference of every seed.
+  result = stall_sweep.main(["--config=stall_small", "--models=dense",
+                             "--changes=baseline,fan_in+residual_zero", "--seeds=0-1",
+                             f"--workdir={tmp_path}", f"--out={out}"])
+  assert [(r["recipe"], r["seeds"]) for r in result["paired"]] == [
+      ("baseline", [0, 1]), ("fan_in+residual_zero", [0, 1])]
+  for row in result["paired"]:
+    np.testing.assert_allclose(row["diff_percent"], [5.0, 5.0])
+  assert "| builtin | baseline | 2 | +5.00 +- 0.00 |" in stall_sweep.format_paired(
+      result["paired"])
+  assert "| builtin | sigma_moe/baseline | 1 / 2 | 0 | 2.152 +- 0.074 | 2.205 |" in (
+      stall_sweep.format_table(result["summary"], stall_small.STEPS))
   with pytest.raises(SystemExit, match="unknown change 'bigger'"):
     stall_sweep.main(["--config=stall_small", "--changes=fan_in+bigger"])
   with pytest.raises(SystemExit, match="twice"):
