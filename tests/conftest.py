@@ -68,6 +68,7 @@ SLOW_TESTS = (
     "tests/test_length_generalization_smoke.py",
     "tests/test_spartan_stdlib_seeds_smoke.py",
     "tests/test_switchhead_small_smoke.py",
+    "tests/test_tensor_parallel_collectives_smoke.py",
     "tests/test_installed_package.py",
     "tests/test_api_reference.py::test_sphinx_builds_the_reference_and_its_examples_pass",
 )

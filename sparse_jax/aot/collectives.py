@@ -9,7 +9,8 @@ program (`jax.jit(f).lower(...).compile().as_text()`) is where to count it: ever
 it belongs to the backward pass (JAX names those ops `transpose(...)`) and whether it runs
 inside a loop (a `while` body, once per iteration: a data-dependent count the text does not
 give). XLA combines independent all-reduces into one op over a tuple; each array of the tuple
-is counted as its own collective, named by its part of the op's name.
+is counted as its own collective, named by its part of the op's name. An op whose groups are
+single devices moves nothing and is left out.
 """
 
 import dataclasses
@@ -93,6 +94,8 @@ def collectives(hlo: str) -> list[Collective]:
     op_name = _OP_NAME.search(line)
     names = _part_names(op_name.group(1) if op_name else "", len(arrays))
     group = _group_size(line)
+    if group == 1:
+      continue
     for (dtype, dims), name in zip(arrays, names):
       found.append(Collective(
           kind=match.group("kind"), dtype=dtype,

@@ -285,16 +285,17 @@ def _tensor_parallel(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, mesh, *, impl
   axes and `tensor` into the dropout key: its mask covers its own rows and units."""
   check_expert_mesh(mesh, w_up_edg.shape[0], x_nd.shape[0], w_up_edg.shape[2])
   token_axes = parallel.mesh_axes("batch", mesh)
+  # The same weights on every device of a batch axis but `expert` (which splits them, size 1
+  # here): marked varying, their gradients are summed over those devices by the transpose
+  # (over axes of size 1 too, moving nothing: the rows vary over every batch axis).
+  other_axes = tuple(a for a in token_axes if a != parallel.EXPERT)
+  mask_axes = token_axes + (parallel.TENSOR,)
   tokens = parallel.partition_spec(("batch", None), mesh=mesh)
   up, down = _expert_specs(mesh)
 
   def body(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, *maybe_key):
-    key = (jax.random.fold_in(maybe_key[0], jax.lax.axis_index(token_axes + (parallel.TENSOR,)))
-           if maybe_key else None)
-    # The same weights on every device of a batch axis other than `expert` (whose size 1
-    # splits them already): marked varying, their gradients are summed over those devices by
-    # the transpose.
-    other_axes = tuple(a for a in token_axes if a != parallel.EXPERT)
+    key = (jax.random.fold_in(maybe_key[0], jax.lax.axis_index(mask_axes)) if maybe_key
+           else None)
     w_up_edg, w_down_egd = jax.lax.pcast((w_up_edg, w_down_egd), other_axes, to="varying")
     x_nd, gates_nk = _to_tensor_slices(x_nd, gates_nk)
     return _sum_over_tensor(_local_experts(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd,

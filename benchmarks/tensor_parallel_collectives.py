@@ -1,0 +1,144 @@
+"""Collectives of a tensor-parallel training step, read from its compiled HLO, against Megatron.
+
+    python -m benchmarks.tensor_parallel_collectives [--batch=8] [--seq_len=128]
+        [--d_model=256] [--n_heads=8] [--d_ff=1024] [--n_experts=16] [--expert_size=64]
+        [--tensors=1,2,4] [--out=benchmarks/tensor_parallel_collectives_cpu.json]
+
+The training step of the dense and of the sigma-MoE LM (Transformer-XL attention with a memory
+of `seq_len`, float32, the XLA paths) is compiled, not run, on simulated CPU meshes of
+`tensor` = 1, 2, 4 devices alone (so every collective is over `tensor`), with 1 and with 2
+layers. `sparse_jax.aot.collectives` reads every all-reduce / all-gather / reduce-scatter
+from each compiled program; one layer's share is the 2-layer step's minus the 1-layer
+step's, split into forward and backward (JAX names backward ops `transpose(...)`), and the
+rest of the step (embedding, output layer and loss, optimiser) is the 1-layer step's minus
+that. Scalars (the partial sums of the gradient norm over each split parameter) are counted
+apart. Megatron's count per layer (Shoeybi et al. 2019): two all-reduces of `B x T x d`
+forward (after the attention output and the FF down projection) and two backward (the
+input gradients of Q/K/V and of the FF up projection). Bytes are those of the arrays the
+collectives produce (what a ring all-reduce moves is 2 (t - 1) / t of that per device).
+Prints the table and writes JSON.
+"""
+
+import argparse
+import collections
+
+import jax
+
+if __name__ == "__main__":  # before any JAX operation creates the CPU backend
+  jax.config.update("jax_num_cpu_devices", 8)
+
+from benchmarks.machine import machine_info, write_result
+from sparse_jax import parallel, validation
+from sparse_jax.aot.collectives import collectives
+from sparse_jax.configs import default
+from sparse_jax.tasks import task_for
+from sparse_jax.training.compile_only import trace_train_step
+from sparse_jax.training.placement import Placement
+
+MODELS = ("dense", "sigma_moe")
+COUNTED = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+
+
+def model_config(kind: str, n_layers: int, tensor: int, args):
+  """The default config at the benchmark's sizes: `kind` FF, `n_layers`, a `tensor` mesh."""
+  config = default.get_config()
+  config.data.update(batch_size=args.batch, seq_len=args.seq_len)
+  config.eval.batch_size = args.batch
+  config.model.update(d_model=args.d_model, n_layers=n_layers, n_heads=args.n_heads,
+                      mem_len=args.seq_len, vocab_size=256, dropout=0.0)
+  if kind == "dense":
+    config.model.ff = {"kind": "dense", "d_ff": args.d_ff}
+  else:
+    config.model.ff.update(n_experts=args.n_experts, expert_size=args.expert_size, k=2,
+                           expert_dropout=0.0)
+  config.mesh = {"data": 1, "tensor": tensor}
+  return config
+
+
+def step_collectives(config, tensor: int) -> list:
+  """The collectives of the config's compiled training step on a `tensor` mesh."""
+  with validation.inspecting():
+    task = task_for(config)
+  mesh = parallel.make_mesh((1, 1, 1, tensor))
+  with jax.set_mesh(mesh):
+    traced = trace_train_step(task, Placement(mesh))[0]
+    return collectives(traced.lower().compile().as_text())
+
+
+def tally(found) -> collections.Counter:
+  """Counts and bytes per `(kind, "fwd"|"bwd"|"scalar")`, and how many run in loops."""
+  counts = collections.Counter()
+  for c in found:
+    part = "scalar" if not c.shape else "bwd" if c.backward else "fwd"
+    counts[(c.kind, part, "n")] += 1
+    counts[(c.kind, part, "bytes")] += c.nbytes
+    counts["in_loop"] += c.in_loop
+  return counts
+
+
+def row(kind: str, tensor: int, args) -> dict:
+  one, two = (tally(step_collectives(model_config(kind, n, tensor, args), tensor))
+              for n in (1, 2))
+  layer = {k: two[k] - one[k] for k in set(one) | set(two)}
+  rest = {k: one[k] - layer[k] for k in set(one) | set(layer)}
+  megatron = 0 if tensor == 1 else 2
+  activation_bytes = args.batch * args.seq_len * args.d_model * 4
+  return {"model": kind, "tensor": tensor,
+          "layer": {f"{k[0]} {k[1]} {k[2]}": v for k, v in sorted(layer.items(), key=str)
+                    if isinstance(k, tuple) and v},
+          "rest": {f"{k[0]} {k[1]} {k[2]}": v for k, v in sorted(rest.items(), key=str)
+                   if isinstance(k, tuple) and v},
+          "in_loop": two["in_loop"],  # collectives inside `while` bodies (none expected)
+          "megatron_layer": {"all-reduce fwd n": megatron,
+                             "all-reduce fwd bytes": megatron * activation_bytes,
+                             "all-reduce bwd n": megatron,
+                             "all-reduce bwd bytes": megatron * activation_bytes}}
+
+
+def _cell(counts: dict, kind: str, parts=("fwd", "bwd")) -> str:
+  """`count / KiB` of `kind` over `parts`, "-" for none."""
+  n = sum(counts.get(f"{kind} {part} n", 0) for part in parts)
+  kib = sum(counts.get(f"{kind} {part} bytes", 0) for part in parts) / 1024
+  return f"{n} / {kib:.0f}" if n else "-"
+
+
+def print_table(rows: list[dict]) -> None:
+  print("per layer, then the rest of the step: count / KiB of the arrays (AR all-reduce, AG "
+        "all-gather, RS reduce-scatter)")
+  print(f"{'model':<10} {'tensor':>6} {'AR fwd':>10} {'AR bwd':>10} {'Megatron fwd':>13} "
+        f"{'Megatron bwd':>13} {'AG':>6} {'RS':>6} {'scalars':>7} | {'rest AR fwd':>11} "
+        f"{'rest AR bwd':>11} {'rest AG':>7}")
+  for r in rows:
+    m, layer, rest = r["megatron_layer"], r["layer"], r["rest"]
+    megatron = [f"{m[f'all-reduce {p} n']} / {m[f'all-reduce {p} bytes'] / 1024:.0f}"
+                for p in ("fwd", "bwd")]
+    print(f"{r['model']:<10} {r['tensor']:>6} {_cell(layer, 'all-reduce', ('fwd',)):>10} "
+          f"{_cell(layer, 'all-reduce', ('bwd',)):>10} {megatron[0]:>13} {megatron[1]:>13} "
+          f"{_cell(layer, 'all-gather'):>6} {_cell(layer, 'reduce-scatter'):>6} "
+          f"{layer.get('all-reduce scalar n', 0):>7} | "
+          f"{_cell(rest, 'all-reduce', ('fwd',)):>11} {_cell(rest, 'all-reduce', ('bwd',)):>11} "
+          f"{_cell(rest, 'all-gather'):>7}")
+
+
+def main(argv=None) -> dict:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--batch", type=int, default=8)
+  parser.add_argument("--seq_len", type=int, default=128)
+  parser.add_argument("--d_model", type=int, default=256)
+  parser.add_argument("--n_heads", type=int, default=8)
+  parser.add_argument("--d_ff", type=int, default=1024)
+  parser.add_argument("--n_experts", type=int, default=16)
+  parser.add_argument("--expert_size", type=int, default=64)
+  parser.add_argument("--tensors", default="1,2,4")
+  parser.add_argument("--out", default="benchmarks/tensor_parallel_collectives_cpu.json")
+  args = parser.parse_args(argv)
+  machine = machine_info()
+  rows = [row(kind, int(t), args) for kind in MODELS for t in args.tensors.split(",")]
+  print_table(rows)
+  result = {"machine": machine, "args": vars(args), "rows": rows}
+  write_result(result, args.out)
+  return result
+
+
+if __name__ == "__main__":
+  main()

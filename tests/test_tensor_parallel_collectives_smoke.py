@@ -1,0 +1,24 @@
+"""benchmarks/tensor_parallel_collectives.py compiles the dense and sigma-MoE training steps on
+a simulated tensor=2 mesh at toy sizes and counts their collectives per layer."""
+
+import json
+
+from benchmarks import tensor_parallel_collectives
+
+
+def test_collectives_benchmark_writes_its_table(tmp_path, capsys):
+  out = tmp_path / "collectives.json"
+  result = tensor_parallel_collectives.main([
+      "--batch=2", "--seq_len=8", "--d_model=16", "--n_heads=2", "--d_ff=32",
+      "--n_experts=4", "--expert_size=8", "--tensors=2", f"--out={out}"])
+  assert json.loads(out.read_text())["rows"] == result["rows"]
+  rows = {r["model"]: r for r in result["rows"]}
+  activation = 2 * 8 * 16 * 4  # B x T x d float32
+  for model in ("dense", "sigma_moe"):
+    layer = rows[model]["layer"]
+    # Megatron's forward: the attention output and the FF's down projection, one all-reduce
+    # of the activations each; nothing gathered or scattered inside a layer.
+    assert layer["all-reduce fwd n"] == 2 and layer["all-reduce fwd bytes"] == 2 * activation
+    assert not any(k.startswith(("all-gather", "reduce-scatter")) for k in layer)
+    assert layer["all-reduce bwd n"] >= 2
+  assert "sigma_moe" in capsys.readouterr().out
