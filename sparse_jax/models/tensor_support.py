@@ -5,9 +5,9 @@ and the vocabulary. What is split and tested equal to one device so far (tests/t
 test_tensor_parallel.py for whole LMs, tests/layers/test_expert_parallel.py for every MoE
 kind's layer): Transformer-XL and causal attention on their XLA paths; the dense FF and the
 MoE kinds on the XLA grouped-matmul impls (their experts' columns in a `shard_map` with one
-`psum`, `layers.expert_parallel`), with `data`, `fsdp` and `expert` beside `tensor`; dense and
-tied output layers. Everything else is refused here, naming the field, until it is split
-and tested: the fused XL attention and cuDNN attention cores (kernels XLA cannot split by
+`psum`, `layers.expert_parallel`), with `data`, `fsdp` and `expert` beside `tensor`; scanned
+and rematerialised layers; dense and tied output layers. Everything else is refused here,
+naming the field, until it is split and tested: the fused XL attention and cuDNN attention cores (kernels XLA cannot split by
 head), the GPU/TPU expert kernels, SwitchHead and sparse QKV attention, the PKM, top-k and
 sparse FFs, MoEUT's shared layers, the multiplicative output, and the memory and adapter
 plug-ins. A split dimension must divide evenly: heads, `d_ff`, `expert_size` and the

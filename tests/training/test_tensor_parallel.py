@@ -2,8 +2,9 @@
 CPU devices): the losses, gradient norms and parameters of 3 training steps, and the full
 gradients of the loss, for the dense and the sigma-MoE LM (Transformer-XL attention; the
 dense one with causal attention too) on `tensor=8`, `data=2,tensor=4` and
-`fsdp=2,expert=2,tensor=2` (the dense LM, without experts: `fsdp=2,tensor=4`); a checkpoint saved on `tensor=4` resumes on `data=2,tensor=2`
-and on one device.
+`fsdp=2,expert=2,tensor=2` (the dense LM, without experts: `fsdp=2,tensor=4`), the sigma-MoE
+LM with scanned, rematerialised layers and a tied output layer on `data=2,tensor=4`; a
+checkpoint saved on `tensor=4` resumes on `data=2,tensor=2` and on one device.
 
 Tolerances: a mesh changes only the order of f32 reductions (each device's partial sums over
 its heads, hidden units or vocabulary slice, then all-reduces), so losses and gradient norms
@@ -142,3 +143,9 @@ def test_saved_on_tensor_4_resumes_on_data_2_tensor_2_and_on_one_device(tp_confi
     assert sorted(got) == [1, 2, 3, 4]
     np.testing.assert_allclose([got[s] for s in range(1, 5)],
                                [expected[s] for s in range(1, 5)], rtol=2e-5, err_msg=name)
+
+
+def test_the_scanned_rematerialised_tied_sigma_moe_lm_on_a_tensor_mesh_equals_one_device(
+    tp_config, tmp_path):
+  tp_config.model.update(scan_layers=True, remat="block", tie_embeddings=True)
+  assert_like_one_device(tp_config, tmp_path, MESHES[1:2])
