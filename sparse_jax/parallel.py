@@ -102,10 +102,10 @@ class MeshConfig(schema.Schema):
   one device). One of data, fsdp, expert may be -1, "all remaining devices"; `tensor` is a
   choice of the model's split, so it is always given (default 1: unsplit)."""
 
-  data: int = 1
-  fsdp: int = 1
-  expert: int = 1
-  tensor: schema.PositiveInt = 1
+  data: int = 1  # Devices splitting the batch, the parameters replicated.
+  fsdp: int = 1  # Devices splitting the batch and every parameter and optimiser state.
+  expert: int = 1  # Devices splitting the batch and the MoE experts (docs/scaling_out.md).
+  tensor: schema.PositiveInt = 1  # Devices splitting heads, FF widths and the vocabulary.
 
   def sizes(self) -> list[int]:
     return [self.data, self.fsdp, self.expert, self.tensor]

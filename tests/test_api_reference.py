@@ -2,10 +2,11 @@
 (slow, and skipped without the `docs` extra); the directive that lists the config schemas'
 fields reads each field's comments, default and allowed values."""
 
-import importlib.util
 import os
+import runpy
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -15,12 +16,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 API = os.path.join(REPO, "docs", "api")
 
 
-def _extension():
-  spec = importlib.util.spec_from_file_location(
-      "schema_reference", os.path.join(API, "_ext", "schema_reference.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+def _extension() -> types.SimpleNamespace:
+  """The directive's module (docs/api/_ext is no package), its names as attributes."""
+  return types.SimpleNamespace(
+      **runpy.run_path(os.path.join(API, "_ext", "schema_reference.py")))
 
 
 class _Tagged(schema.Schema, tag="kind", default="a"):
@@ -45,11 +44,14 @@ def test_the_fields_of_a_schema_and_its_kinds_with_their_comments():
   assert extension.field_comments(_Tagged) == {
       "kind": "", "width": "Units of the layer, in two lines. Always even."}
   assert extension.field_comments(_KindA) == {"rate": "How often.", "name": ""}
-  assert [f.name for f in extension.own_fields(_KindA)] == ["rate", "name"]
-  assert [(path, cls) for path, cls, _ in extension.sections(_Tagged, "ff")] == [
-      ("ff", _Tagged), ("ff", _KindA)]
-  rows = extension.fields_table(_KindA).astext()
+  assert [f.name for f in extension.shown_fields(_KindA, _Tagged)] == ["rate", "name"]
+  assert [f.name for f in extension.shown_fields(_KindA, None)] == [
+      "kind", "width", "rate", "name"]
+  assert list(extension.sections(_Tagged, "ff")) == [
+      ("ff", _Tagged, None, None), ("ff", _KindA, "a", _Tagged)]
+  rows = extension.fields_table(_KindA, _Tagged).astext()
   assert "in [0, 1)" in rows and "0.5" in rows and "required" in rows and "How often." in rows
+  assert "width" not in rows
 
 
 @pytest.mark.parametrize("builder", ["html", "doctest"])

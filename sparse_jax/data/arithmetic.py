@@ -57,14 +57,14 @@ class ArithmeticConfig(schema.Schema):
   300. The minimum of 2 lets one default serve both tasks (add needs a digit per operand).
   """
 
-  task: Literal[TASKS]
-  train_min_len: schema.PositiveInt = 2
-  train_max_len: schema.PositiveInt = 128
-  test_min_len: schema.PositiveInt = 256
-  test_max_len: schema.PositiveInt = 300
+  task: Literal[TASKS]  # Copy the digits, or add two numbers.
+  train_min_len: schema.PositiveInt = 2  # Digits of the train split's examples, at least.
+  train_max_len: schema.PositiveInt = 128  # At most.
+  test_min_len: schema.PositiveInt = 256  # Digits of the test split's examples, at least.
+  test_max_len: schema.PositiveInt = 300  # At most.
   n_train: schema.PositiveInt = 1_000_000  # Examples in the train split (then epochs repeat).
   n_eval: schema.PositiveInt = 1_000  # Examples in the validation and test splits.
-  seed: schema.NonNegativeInt = 0
+  seed: schema.NonNegativeInt = 0  # Of the examples' draw.
 
   def check(self, path: str) -> None:
     shortest = 2 if self.task == "add" else 1

@@ -82,7 +82,7 @@ class ClassificationSplit:
 class TaskConfig(schema.Schema, tag="name"):
   """The `task` section: `name` picks the task's schema; the fields every task has."""
 
-  name: str
+  name: str  # The task: a GLUE task, or the offline standard-library one.
   max_len: schema.PositiveInt  # Tokens per example fed to the model (longer ones are cut).
   n_train: schema.PositiveInt | None = None  # Training examples drawn; None: the whole split.
   # How the `n_train` are drawn: a seeded random subset, or the split's first records (the
@@ -103,7 +103,8 @@ class StdlibTaskConfig(TaskConfig):
   """Which stdlib package a snippet comes from (`sparse_jax.data.stdlib_packages`)."""
 
   source_root: str | None = None  # None: this Python's standard library.
-  snippet_bytes: schema.PositiveInt = stdlib_packages.DEFAULT_SNIPPET_BYTES
+  snippet_bytes: schema.PositiveInt = stdlib_packages.DEFAULT_SNIPPET_BYTES  # Per example.
+  # Snippets taken from one source file at most.
   max_snippets_per_file: schema.PositiveInt = stdlib_packages.DEFAULT_MAX_SNIPPETS_PER_FILE
   packages: tuple[str, ...] = stdlib_packages.DEFAULT_PACKAGES  # The classes.
 

@@ -49,7 +49,7 @@ class TokenSplit:
 class DataConfig(schema.Schema, tag="name"):
   """The `data` section: `name` picks the dataset's schema; the fields all datasets have."""
 
-  name: str
+  name: str  # The dataset: builtin, enwik8, wikitext103, text_files (docs/datasets.md).
   batch_size: schema.PositiveInt  # Contiguous streams per batch.
   seq_len: schema.PositiveInt  # Tokens per segment.
   data_dir: str | None = None  # None: ~/tensorflow_datasets.
@@ -73,7 +73,7 @@ class DownloadedData(DataConfig):
   """A dataset whose source is found in `manual_dir` or downloaded."""
 
   manual_dir: str | None = None  # None: <data_dir>/downloads/manual.
-  download: bool = True
+  download: bool = True  # Download the source when manual_dir lacks it (False: an error).
 
   def builder_args(self) -> dict:
     data_dir = self.data_dir or tfds.core.constants.DATA_DIR
@@ -107,6 +107,7 @@ class Wikitext103Data(DownloadedData):
   """WikiText-103 as SentencePiece tokens (`sparse_jax.data.wikitext103`)."""
 
   source_dir: str | None = None  # An extracted wikitext-103-raw/ instead of the zip.
+  # Pieces of the SentencePiece model trained on the train split.
   sp_vocab_size: int = sentencepiece_tokenizer.DEFAULT_VOCAB_SIZE
 
   def check(self, path: str) -> None:
@@ -124,13 +125,14 @@ class TextFilesData(DataConfig):
   """The user's text files (`sparse_jax.data.text_files`): three split files, or `file` cut
   by `split_fractions`."""
 
-  train_file: str | None = None
-  validation_file: str | None = None
-  test_file: str | None = None
-  file: str | None = None
+  train_file: str | None = None  # The train split's text (with the other two files).
+  validation_file: str | None = None  # The validation split's text.
+  test_file: str | None = None  # The test split's text.
+  file: str | None = None  # One text cut into the three splits (instead of the three files).
+  # file's train, validation and test fractions, in that order, summing to 1.
   split_fractions: tuple[schema.PositiveFloat, schema.PositiveFloat,
                          schema.PositiveFloat] | None = None
-  tokenizer: Literal[text_files.TOKENIZERS] = "bytes"
+  tokenizer: Literal[text_files.TOKENIZERS] = "bytes"  # Bytes, or SentencePiece trained here.
   sp_vocab_size: int = sentencepiece_tokenizer.DEFAULT_VOCAB_SIZE  # tokenizer=sentencepiece.
 
   def check(self, path: str) -> None:

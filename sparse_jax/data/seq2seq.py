@@ -44,8 +44,8 @@ class Seq2SeqDataConfig(schema.Schema, tag="name"):
   """The `data` section: `name` picks the dataset's schema; `batch_size` is the training
   batch."""
 
-  name: str
-  batch_size: schema.PositiveInt
+  name: str  # The dataset: "arithmetic" (copy/add) or "arxiv".
+  batch_size: schema.PositiveInt  # Training examples per step.
 
   def load(self) -> Seq2SeqData:
     raise NotImplementedError(f"{type(self).__name__} must define load().")

@@ -40,11 +40,12 @@ LEARNING_RATES = {"spartan": 1e-3, "houlsby": 1e-4, "pfeiffer": 1e-4, "full": 2e
 class SpartanSettings(schema.Schema):
   """`method.spartan`: the memory of every layer (SPARTAN App. A: N_p 16, N_c 3, top-K 8)."""
 
-  n_parents: schema.PositiveInt = 16
-  n_children: schema.PositiveInt = 3
-  top_k: schema.PositiveInt = 8
+  n_parents: schema.PositiveInt = 16  # Parent cells of each memory (N_p).
+  n_children: schema.PositiveInt = 3  # Child cells of each parent (N_c).
+  top_k: schema.PositiveInt = 8  # Parents each token reads (K).
   # The reference code's child temperature (every run); the paper's Eq. 2 has none (1.0).
   temperature: schema.PositiveFloat = REFERENCE_TEMPERATURE
+  # How the chosen parents' children are read: "gather" them, or "dense" (every child).
   read: Literal[("auto", *READS)] = "auto"
 
 
@@ -53,10 +54,12 @@ class AdapterSettings(schema.Schema):
   (`layers.adapters`); `activation` and `original_ln_before` None take the kind's AdapterHub
   setting (`ADAPTERHUB_DEFAULTS`)."""
 
-  bottleneck: schema.PositiveInt = 64
-  activation: Literal[tuple(ACTIVATIONS)] | None = None
+  bottleneck: schema.PositiveInt = 64  # Hidden units of each adapter.
+  activation: Literal[tuple(ACTIVATIONS)] | None = None  # Of the hidden units.
+  # What the adapter reads (`layers.adapters`): True the sum after the original LayerNorm
+  # (Pfeiffer), False the sublayer's output (Houlsby); None: the kind's.
   original_ln_before: bool | None = None
-  init: Literal[ADAPTER_INITS] = "bert"
+  init: Literal[ADAPTER_INITS] = "bert"  # N(0, 0.02) weights, or Houlsby's near-identity.
 
 
 class MethodConfig(schema.Schema):
@@ -64,9 +67,9 @@ class MethodConfig(schema.Schema):
   SPARTAN's trains the backbone's LayerNorms (the paper does not say so), AdapterHub's
   `train_adapter` freezes them, `full` trains everything and `head` only the head."""
 
-  kind: Literal[METHODS]
-  train_layer_norms: bool | None = None
-  head_dropout: schema.Probability = 0.1
+  kind: Literal[METHODS]  # What is trained: the head, everything, or plug-ins and the head.
+  train_layer_norms: bool | None = None  # Also train the backbone's LayerNorms.
+  head_dropout: schema.Probability = 0.1  # Dropout before the classification head.
   spartan: SpartanSettings
   adapter: AdapterSettings
 

@@ -29,7 +29,7 @@ _FF_BUILDERS: dict[str, FFBuilder] = {}
 class FFConfig(schema.Schema, tag="kind"):
   """The `model.ff` section: `kind` picks the schema of the other fields."""
 
-  kind: str
+  kind: str  # The feed-forward layer: one of the kinds below (`ff_kinds()`).
 
   def check_width(self, d_model: int) -> None:
     """Rules that involve the model width (`model.d_model`); none by default."""
@@ -67,9 +67,9 @@ def _require_at_most(value: int, limit: int, field: str, limit_name: str) -> Non
 
 
 class DenseFFConfig(FFConfig):
-  d_ff: schema.PositiveInt
-  dropout: schema.Probability = 0.0
-  activation: Literal[tuple(ACTIVATIONS)] = "relu"
+  d_ff: schema.PositiveInt  # Hidden units.
+  dropout: schema.Probability = 0.0  # Dropout of the hidden units in training.
+  activation: Literal[tuple(ACTIVATIONS)] = "relu"  # Of the hidden units (gelu: erf, BERT's).
 
 
 @register_ff("dense", DenseFFConfig)
@@ -79,9 +79,9 @@ def _build_dense(ff: DenseFFConfig, *, d_model, n_layers, rngs):
 
 
 class TopKFFConfig(FFConfig):
-  d_ff: schema.PositiveInt
-  k: schema.PositiveInt
-  dropout: schema.Probability = 0.0
+  d_ff: schema.PositiveInt  # Hidden units.
+  k: schema.PositiveInt  # Hidden units kept per token (the largest), the others zeroed.
+  dropout: schema.Probability = 0.0  # Dropout of the hidden units in training.
   after_dropout: bool = False  # Top-K of the dropped-out units (the authors' code).
 
   def check(self, path: str) -> None:
@@ -95,11 +95,11 @@ def _build_topk(ff: TopKFFConfig, *, d_model, n_layers, rngs):
 
 
 class PKMConfig(FFConfig):
-  n_subkeys: schema.PositiveInt
-  knn: schema.PositiveInt
-  n_heads: schema.PositiveInt = 4
-  activation: Literal[pkm.ACTIVATIONS] = "relu"
-  init: Literal[pkm.INITS] = "authors"
+  n_subkeys: schema.PositiveInt  # Sub-keys per half: n_subkeys ** 2 values (Lample et al.).
+  knn: schema.PositiveInt  # Values read per head (the best knn product keys).
+  n_heads: schema.PositiveInt = 4  # Query heads, each reading its own knn values.
+  activation: Literal[pkm.ACTIVATIONS] = "relu"  # Of the selected scores (module pkm).
+  init: Literal[pkm.INITS] = "authors"  # Of the keys and values (module pkm).
   dense_when_knn_covers: bool = True  # knn >= n_subkeys: the authors' dense path.
 
   def check(self, path: str) -> None:
@@ -119,12 +119,14 @@ def _build_pkm(ff: PKMConfig, *, d_model, n_layers, rngs):
 class MoEConfig(FFConfig):
   """The fields every MoE kind shares: the experts (Eq. 11) and the regulariser's weight."""
 
-  n_experts: schema.PositiveInt
-  expert_size: schema.PositiveInt
-  reg_coef: schema.NonNegativeFloat
+  n_experts: schema.PositiveInt  # Experts (E).
+  expert_size: schema.PositiveInt  # Hidden units of each expert (G).
+  reg_coef: schema.NonNegativeFloat  # The weight of the router's regulariser in the loss.
+  # The experts' init (`layers.moe.expert_stds`): sigma-MoE's, the "standard" ablation, or
+  # Switch's ("switch", "fedus").
   init: Literal[moe.EXPERT_INITS] = "sigma"
-  impl: Literal[pallas_kernels.IMPLS] = "auto"
-  expert_hidden_dropout: schema.Probability = 0.0
+  impl: Literal[pallas_kernels.IMPLS] = "auto"  # The grouped matmul (`pallas_kernels.cvmm`).
+  expert_hidden_dropout: schema.Probability = 0.0  # Dropout of the experts' hidden units.
 
   def experts(self, router, *, d_model: int, n_layers: int, rngs: nnx.Rngs) -> moe.MoE:
     """The expert computation of this config behind `router`."""
@@ -136,13 +138,14 @@ class MoEConfig(FFConfig):
 class TopKMoEConfig(MoEConfig):
   """An MoE that routes each token to its `k` best experts."""
 
-  k: schema.PositiveInt
+  k: schema.PositiveInt  # Experts per token.
 
   def check(self, path: str) -> None:
     _require_at_most(self.k, self.n_experts, f"{path}.k", f"{path}.n_experts")
 
 
 class SigmaMoEConfig(TopKMoEConfig):
+  # In training, each expert is removed for a token before its top-k with this probability.
   expert_dropout: schema.Probability = 0.0
 
 
@@ -158,8 +161,8 @@ class SwitchConfig(MoEConfig):
   `init="fedus"` are the paper text's Switch."""
 
   capacity_factor: schema.PositiveFloat | None = None  # None: no token is dropped.
-  balance: Literal[switch.BALANCE_LOSSES] = "authors"
-  init: Literal[moe.EXPERT_INITS] = "switch"
+  balance: Literal[switch.BALANCE_LOSSES] = "authors"  # The balance loss: authors' or Eq. 17.
+  init: Literal[moe.EXPERT_INITS] = "switch"  # As MoE's `init`, Switch's by default.
 
 
 @register_ff("switch", SwitchConfig)
@@ -174,7 +177,7 @@ def _build_switch(ff: SwitchConfig, *, d_model, n_layers, rngs):
 class NoisyTopKConfig(TopKMoEConfig):
   """Noisy softmax gating (Shazeer et al.); `balance` "cv" is the paper's Eq. 14."""
 
-  balance: Literal[noisy_topk.BALANCE_LOSSES] = "cv"
+  balance: Literal[noisy_topk.BALANCE_LOSSES] = "cv"  # Coefficient of variation, or squared.
 
 
 @register_ff("noisy_topk", NoisyTopKConfig)
@@ -188,10 +191,10 @@ class SBaseConfig(TopKMoEConfig):
   """Defaults are the authors' runs; `balance_over="batch"` with `sinkhorn="standard"` is
   the paper text's Sinkhorn over the batch."""
 
-  sinkhorn_iters: schema.PositiveInt = 3
-  expert_dropout: schema.Probability = 0.0
-  balance_over: Literal[sbase.BALANCE_OVER] = "sequence"
-  sinkhorn: Literal[sbase.SINKHORNS] = "authors"
+  sinkhorn_iters: schema.PositiveInt = 3  # Sinkhorn normalisation rounds.
+  expert_dropout: schema.Probability = 0.0  # As sigma_moe's.
+  balance_over: Literal[sbase.BALANCE_OVER] = "sequence"  # Tokens balanced together.
+  sinkhorn: Literal[sbase.SINKHORNS] = "authors"  # The authors' Sinkhorn, or the standard one.
 
 
 @register_ff("sbase", SBaseConfig)
@@ -204,8 +207,9 @@ def _build_sbase(ff: SBaseConfig, *, d_model, n_layers, rngs):
 
 
 class SoftmaxMoEConfig(TopKMoEConfig):
-  renorm: bool
-  expert_dropout: schema.Probability = 0.0
+  renorm: bool  # Renormalise the k kept probabilities to sum to 1 (App. A.1).
+  expert_dropout: schema.Probability = 0.0  # As sigma_moe's.
+  # The logits the regulariser reads (`layers.routers.softmax`): the authors' or all.
   reg_logits: Literal[softmax.REG_LOGITS] = "authors"
 
 
@@ -222,11 +226,11 @@ class SparseFFConfig(FFConfig):
   layer is `up_bias=True, mask_placement="post_relu"` (`soft_mask="noisy"` and
   `controller_init="normal"` are this library's earlier choices)."""
 
-  d_ff: schema.PositiveInt
-  block_size: schema.PositiveInt
+  d_ff: schema.PositiveInt  # Hidden units.
+  block_size: schema.PositiveInt  # Units per block, one of which each token keeps.
   d_lowrank: schema.PositiveInt | None = None  # None: d_ff // block_size (Trax's default).
-  temperature: schema.PositiveFloat = 0.1
-  quant_prob: float = 0.3
+  temperature: schema.PositiveFloat = 0.1  # Of the Gumbel noise in training.
+  quant_prob: float = 0.3  # In training, the chance a call uses the hard one-hot mask.
   soft_mask: Literal[SparseFF.SOFT_MASKS] = "clean"  # softmax of the clean logits (Trax).
   controller_init: Literal[SparseFF.CONTROLLER_INITS] = "glorot"  # C1, C2 (Trax).
   up_bias: bool = False  # b1 on x W1 (the paper has it, Trax not).

@@ -47,13 +47,13 @@ class ModelConfig(schema.Schema, tag="kind", default="lm"):
   """The `model` section: `kind` "lm" (`LMConfig`, below) or "encoder"
   (`sparse_jax.models.encoder.EncoderConfig`), and the fields every model kind has."""
 
-  kind: str
-  vocab_size: schema.PositiveInt
-  d_model: schema.PositiveInt
-  n_layers: schema.PositiveInt
-  n_heads: schema.PositiveInt
-  dropout: schema.Probability
-  attn_dropout: schema.Probability = 0.0
+  kind: str  # "lm" or "encoder".
+  vocab_size: schema.PositiveInt  # Tokens of the input and output vocabulary.
+  d_model: schema.PositiveInt  # The residual stream's width.
+  n_layers: schema.PositiveInt  # Blocks.
+  n_heads: schema.PositiveInt  # Attention heads.
+  dropout: schema.Probability  # Dropout of the embeddings and the sublayers' outputs.
+  attn_dropout: schema.Probability = 0.0  # Dropout of the attention weights.
   dtype: Literal[tuple(COMPUTE_DTYPES)] = "float32"  # The compute dtype (docs/training.md).
   remat: Literal[REMAT_KINDS] = "none"  # Rematerialisation per block (`models.remat`).
   ff: FFConfig
@@ -70,7 +70,7 @@ class LMConfig(ModelConfig):
 
   mem_len: schema.NonNegativeInt  # XL memory positions in training (XL_KINDS only).
   head_dim: schema.PositiveInt | None = None  # None: d_model // n_heads.
-  attention: Literal[ATTENTION_KINDS] = "xl"
+  attention: Literal[ATTENTION_KINDS] = "xl"  # The attention layer's kind.
   # Not XL_KINDS. "rotary": q and k rotated (`rotary_fraction` of their channels);
   # "sinusoidal": added to the embeddings.
   positions: Literal[POSITIONS] = "rotary"
@@ -85,9 +85,9 @@ class LMConfig(ModelConfig):
   # (`pallas_kernels.xl_attention.XL_IMPLS`): "xla" (scores in memory), "pallas" (the fused
   # kernels; interpret mode off GPU; attn_dropout 0), "auto" (fused on one GPU with
   # attn_dropout 0, else "xla": CPU runs keep the XLA path).
-  attention_experts: schema.PositiveInt | None = None
-  attention_k: schema.PositiveInt | None = None
-  attention_impl: Literal[ATTENTION_IMPLS] = "auto"
+  attention_experts: schema.PositiveInt | None = None  # E (SwitchHead).
+  attention_k: schema.PositiveInt | None = None  # K (SwitchHead): experts active per head.
+  attention_impl: Literal[ATTENTION_IMPLS] = "auto"  # SwitchHead's impl; "xl": its core.
   # CORE_KINDS only: where their causal attention is formed (`layers.cudnn_attention.CORES`):
   # "xla" (the [B, H, T, T] scores in memory), "cudnn" (cuDNN's fused flash attention; bfloat16,
   # a head dim that is a multiple of 8 and <= 128, attn_dropout 0), "auto" ("xla" until the
@@ -97,13 +97,13 @@ class LMConfig(ModelConfig):
   # `n_layers` (None: every layer its own), the peri-LayerNorm, and its regulariser of the
   # routers over time and repeats per sequence (`models.moeut_regularizer`).
   layer_groups: schema.PositiveInt | None = None
-  block_norm: Literal[BLOCK_NORMS] = "pre"
+  block_norm: Literal[BLOCK_NORMS] = "pre"  # Pre-LayerNorm, or MoEUT's peri-LayerNorm.
   moeut_ff_reg: schema.NonNegativeFloat = 0.0  # gamma: the sigma-MoE FF routers.
   moeut_attention_reg: schema.NonNegativeFloat = 0.0  # delta: SwitchHead's V and O routers.
   # The layers under one `jax.lax.scan` (`models.layer_scan`): XLA compiles one layer, not
   # `n_layers`; the same parameters, checkpoints and results as unrolled.
   scan_layers: bool = False
-  tie_embeddings: bool = False
+  tie_embeddings: bool = False  # The output layer reuses the token embedding's table.
   loss_sparsity: schema.NonNegativeInt = 0  # S of the multiplicative output; 0: dense.
   # The token embedding's draw: "fan_in" N(0, 1/d_model), MoEUT's, Trax's and Flax's scale
   # (the sigma-MoE authors' Xavier is as small or smaller). "normal" N(0, 1) was the default
@@ -124,7 +124,7 @@ class LMConfig(ModelConfig):
   xl_bias_init_std: schema.NonNegativeFloat = 0.0
   # The sigma-MoE authors' Transformer-XL sets these three and Xavier (`paper_training`).
   output_dropout: bool = False  # Dropout (model.dropout) before the output layer.
-  layer_norm_eps: schema.PositiveFloat = 1e-6
+  layer_norm_eps: schema.PositiveFloat = 1e-6  # The epsilon of every LayerNorm.
   attn_scale: Literal[ATTN_SCALES] = "fixed"  # "learned": XL attention only.
 
   def check(self, path: str) -> None:

@@ -25,7 +25,7 @@ from sparse_jax.layers.dense_ff import ACTIVATIONS
 class MemoryConfig(schema.Schema, tag="kind", default="none"):
   """The `model.memory` section: `kind` picks the schema of the other fields."""
 
-  kind: str
+  kind: str  # "none", or "spartan": a memory after every layer.
 
 
 @MemoryConfig.variant("none")
@@ -37,10 +37,11 @@ class NoMemoryConfig(MemoryConfig):
 class SpartanMemoryConfig(MemoryConfig):
   """A SPARTAN memory (`layers.spartan.SpartanMemory`) after every layer."""
 
-  n_parents: schema.PositiveInt
-  n_children: schema.PositiveInt
-  top_k: schema.PositiveInt
-  temperature: schema.PositiveFloat = 1.0
+  n_parents: schema.PositiveInt  # Parent cells of each memory (N_p).
+  n_children: schema.PositiveInt  # Child cells of each parent (N_c).
+  top_k: schema.PositiveInt  # Parents each token reads (K).
+  temperature: schema.PositiveFloat = 1.0  # Of the softmax over a parent's children.
+  # How the chosen parents' children are read: "gather" them, or "dense" (every child).
   read: Literal[("auto", *spartan.READS)] = "auto"
 
   def check(self, path: str) -> None:
@@ -51,7 +52,7 @@ class SpartanMemoryConfig(MemoryConfig):
 class AdapterConfig(schema.Schema, tag="kind", default="none"):
   """The `model.adapters` section: `kind` picks the schema of the other fields."""
 
-  kind: str
+  kind: str  # "none", or the bottleneck adapters of "houlsby" or "pfeiffer".
 
 
 @AdapterConfig.variant("none")
@@ -64,10 +65,12 @@ class BottleneckAdapterConfig(AdapterConfig):
   """Bottleneck adapters (`layers.adapters.BottleneckAdapter`), Houlsby's or Pfeiffer's;
   `activation` and `original_ln_before` None take the kind's AdapterHub setting."""
 
-  bottleneck: schema.PositiveInt
-  activation: Literal[tuple(ACTIVATIONS)] | None = None
+  bottleneck: schema.PositiveInt  # Hidden units of each adapter.
+  activation: Literal[tuple(ACTIVATIONS)] | None = None  # Of the hidden units.
+  # What the adapter reads (`layers.adapters`): True the sum after the original LayerNorm
+  # (Pfeiffer), False the sublayer's output (Houlsby); None: the kind's.
   original_ln_before: bool | None = None
-  init: Literal[ADAPTER_INITS] = "bert"
+  init: Literal[ADAPTER_INITS] = "bert"  # N(0, 0.02) weights, or Houlsby's near-identity.
 
   def setting(self, name: str):
     """The field `name`, or the kind's AdapterHub default when it is None."""

@@ -19,9 +19,9 @@ EMBEDDING_INITS = ("uniform", "normal")
 class LSHConfig(schema.Schema):
   """`model.lsh`: LSH attention's hashing (Sec. 4.1; the paper's summarisation setting)."""
 
-  n_hashes: schema.PositiveInt = 2
-  n_buckets: schema.PositiveInt = 128
-  chunk_len: schema.PositiveInt = 128
+  n_hashes: schema.PositiveInt = 2  # Rounds of hashing, each its own bucketing.
+  n_buckets: schema.PositiveInt = 128  # Buckets per round (even).
+  chunk_len: schema.PositiveInt = 128  # Sorted positions attending together.
 
   def check(self, path: str) -> None:
     validation.require(self.n_buckets % 2 == 0, f"{path}.n_buckets", "an even integer",
@@ -31,24 +31,24 @@ class LSHConfig(schema.Schema):
 class TerraformerConfig(schema.Schema):
   """The `model` section of a Terraformer (module docstring)."""
 
-  kind: Literal["terraformer"] = "terraformer"
-  vocab_size: schema.PositiveInt
-  d_model: schema.PositiveInt
-  n_heads: schema.PositiveInt
-  n_encoder_layers: schema.PositiveInt
-  n_decoder_layers: schema.PositiveInt
+  kind: Literal["terraformer"] = "terraformer"  # Picks this schema and the seq2seq task.
+  vocab_size: schema.PositiveInt  # Tokens of the input and output vocabulary.
+  d_model: schema.PositiveInt  # The residual stream's width.
+  n_heads: schema.PositiveInt  # Attention heads.
+  n_encoder_layers: schema.PositiveInt  # Encoder blocks.
+  n_decoder_layers: schema.PositiveInt  # Decoder blocks.
   n_decoder_attention_layers: schema.PositiveInt = 2  # Attention half-residuals per block.
-  dropout: schema.Probability = 0.1
-  attn_dropout: schema.Probability = 0.0
+  dropout: schema.Probability = 0.1  # Dropout rate of the sublayers' outputs.
+  attn_dropout: schema.Probability = 0.0  # Dropout of the attention weights.
   ff: FFConfig
   sru_units: schema.NonNegativeInt = 32  # 0: no SRU branch.
-  encoder_attention: Literal[ATTENTIONS] = "lsh"
-  decoder_attention: Literal[ATTENTIONS] = "lsh"
-  decoder_qkv: Literal[QKV_KINDS] = "dense"
+  encoder_attention: Literal[ATTENTIONS] = "lsh"  # LSH or dense self-attention.
+  decoder_attention: Literal[ATTENTIONS] = "lsh"  # LSH or dense causal self-attention.
+  decoder_qkv: Literal[QKV_KINDS] = "dense"  # The decoder attention's Q, K, V projections.
   attention_sparsity: schema.PositiveInt | None = None  # S of sparse QKV; None: n_heads.
   lsh: LSHConfig
   loss_sparsity: schema.NonNegativeInt = 0  # S of the multiplicative output; 0: dense.
-  reversible: bool = True
+  reversible: bool = True  # Reversible blocks: activations recomputed in the backward pass.
   # Trax's Terraformer as `ConfigurableTerraformer` trains it (REFERENCE.md 2d) by default;
   # the alternatives are this library's earlier choices, kept as options.
   # "fixed_base": Trax's learned fixed-base encoding with random start offsets in training
@@ -70,7 +70,7 @@ class TerraformerConfig(schema.Schema):
   # Trax's `reversible_encoder=True` (its C4 gin): the encoder's two streams are each joined
   # to the decoder inputs, without the averaging Dense + LayerNorm of the default join.
   reversible_encoder: bool = False
-  layer_norm_eps: schema.PositiveFloat = 1e-6
+  layer_norm_eps: schema.PositiveFloat = 1e-6  # The epsilon of every LayerNorm.
   # The sublayers' compute dtype; the reversible streams stay float32 (docs/training.md).
   dtype: Literal[tuple(COMPUTE_DTYPES)] = "float32"
   remat: Literal[REMAT_KINDS] = "none"  # See check().

@@ -32,9 +32,9 @@ BACKBONES = ("hf_roberta", "lm_checkpoint")
 class BackboneConfig(schema.Schema):
   """The `backbone` section (module docstring); `step` None means the latest checkpoint."""
 
-  kind: Literal[BACKBONES]
-  path: str
-  step: schema.PositiveInt | None = None
+  kind: Literal[BACKBONES]  # A Hugging Face RoBERTa, or one of our LM runs.
+  path: str  # The RoBERTa's directory, or the run's workdir.
+  step: schema.PositiveInt | None = None  # lm_checkpoint: the checkpoint step.
   # The compute dtype while fine-tuning (`model.dtype`); None: the backbone's own.
   dtype: Literal[tuple(COMPUTE_DTYPES)] | None = None
 

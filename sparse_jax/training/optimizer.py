@@ -39,27 +39,27 @@ class TrainConfig(schema.Schema):
   so that a short run (`--config.train.steps=20`) warms up proportionally.
   """
 
-  steps: schema.PositiveInt
-  lr: schema.PositiveFloat
-  warmup_steps: schema.NonNegativeInt = 0
+  steps: schema.PositiveInt  # Optimiser steps of the run.
+  lr: schema.PositiveFloat  # The peak learning rate, reached at the end of the warmup.
+  warmup_steps: schema.NonNegativeInt = 0  # Steps of linear warmup from 0 to lr.
   # The step where the schedule ends; None: `steps`. A larger value trains the first `steps`
   # of a longer run exactly as that run would (`sparse_jax/configs/stall_medium.py`).
   schedule_steps: schema.PositiveInt | None = None
   schedule: Literal[SCHEDULES] = "cosine"  # The decay after the warmup (module docstring).
   end_lr_fraction: schema.Probability = 0.0  # cosine only: where it ends, a fraction of lr.
-  optimizer: Literal[OPTIMIZERS] = "adam"
-  grad_clip: schema.PositiveFloat | None = None
+  optimizer: Literal[OPTIMIZERS] = "adam"  # Adam, AdamW or Adafactor (module docstring).
+  grad_clip: schema.PositiveFloat | None = None  # Clip the gradients' global norm; None: no.
   # Adam's (and AdamW's) decay rates of the first and second moments and its epsilon.
   adam_b1: schema.Probability = 0.9
-  adam_b2: schema.Probability = 0.999
-  adam_eps: schema.PositiveFloat = 1e-8
+  adam_b2: schema.Probability = 0.999  # The second moment's decay rate.
+  adam_eps: schema.PositiveFloat = 1e-8  # Added to the second moment's root.
   # Weight decay (module docstring): Trax's w <- (1 - weight_decay) w every step, or with
   # adamw AdamW's; 0: none.
   weight_decay: schema.Probability = 0.0
-  log_every: schema.PositiveInt
-  eval_every: schema.PositiveInt
-  ckpt_every: schema.PositiveInt
-  keep_checkpoints: schema.PositiveInt = 2
+  log_every: schema.PositiveInt  # Steps between logged training metrics (the only host syncs).
+  eval_every: schema.PositiveInt  # Steps between evaluations (also one at the end).
+  ckpt_every: schema.PositiveInt  # Steps between checkpoints (also one at the end).
+  keep_checkpoints: schema.PositiveInt = 2  # The newest checkpoints kept in WORKDIR/checkpoints.
   # Micro-batches per step (along the batch axis), gradients averaged (docs/training.md "Gradient
   # accumulation").
   grad_accum_steps: schema.PositiveInt = 1
@@ -100,7 +100,7 @@ class TrainConfig(schema.Schema):
 class BatchedTrainConfig(TrainConfig):
   """A `train` section that also sets the batch size (tasks whose `data` section does not)."""
 
-  batch_size: schema.PositiveInt
+  batch_size: schema.PositiveInt  # Examples per optimiser step, over all devices.
 
 
 def learning_rate_schedule(cfg: TrainConfig) -> optax.Schedule:

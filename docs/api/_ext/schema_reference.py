@@ -47,10 +47,10 @@ def field_comments(cls: type) -> dict[str, str]:
   return comments
 
 
-def own_fields(cls: type) -> list[dataclasses.Field]:
-  """The dataclass fields `cls` declares itself (not those of the schema it extends)."""
-  own = cls.__dict__.get("__annotations__", {})
-  return [f for f in dataclasses.fields(cls) if f.name in own]
+def shown_fields(cls: type, base: type | None) -> list[dataclasses.Field]:
+  """The fields of `cls` that its tagged section `base` lacks (every field without one)."""
+  common = {f.name for f in dataclasses.fields(base)} if base else set()
+  return [f for f in dataclasses.fields(cls) if f.name not in common]
 
 
 def _default(field: dataclasses.Field) -> str:
@@ -66,8 +66,8 @@ def _cell(text: str, literal: bool = False) -> nodes.entry:
   return nodes.entry("", nodes.paragraph("", "", inner))
 
 
-def fields_table(cls: type) -> nodes.table:
-  """A table of `cls`'s own fields: name, allowed values, default, meaning."""
+def fields_table(cls: type, base: type | None = None) -> nodes.table:
+  """A table of `cls`'s fields (`shown_fields`): name, allowed values, default, meaning."""
   hints = typing.get_type_hints(cls, include_extras=True)
   comments = {}
   for klass in reversed(cls.__mro__):
@@ -80,25 +80,26 @@ def fields_table(cls: type) -> nodes.table:
   head = nodes.thead()
   head += nodes.row("", *(_cell(title) for title in ("field", "allowed", "default", "meaning")))
   body = nodes.tbody()
-  for field in own_fields(cls):
+  for field in shown_fields(cls, base):
     hint = hints[field.name]
     nested = isinstance(hint, type) and issubclass(hint, schema.Schema)
     allowed = f"section {hint.__name__}" if nested else schema.describe(hint)
     default = "its own defaults" if nested else _default(field)
+    meaning = comments.get(field.name) or (f"The {field.name} section (below)." if nested else "")
     body += nodes.row("", _cell(field.name, literal=True), _cell(allowed),
-                      _cell(default, literal=not nested), _cell(comments.get(field.name, "")))
+                      _cell(default, literal=not nested), _cell(meaning))
   group += head
   group += body
   return table
 
 
 def sections(cls: type, path: str):
-  """`(path, schema, tag value or None)` for `cls` and, depth first, each nested section and
-  each kind of a tagged section."""
-  yield path, cls, None
+  """`(path, schema, tag value or None, its tagged section or None)` for `cls` and, depth
+  first, each kind of it and each nested section."""
+  yield path, cls, None, None
   for tag, variant in cls.variants().items():
     if variant is not cls:
-      yield path, variant, tag
+      yield path, variant, tag, cls
   for name, nested in sorted(cls.subsections().items()):
     yield from sections(nested, f"{path}.{name}" if path else name)
 
@@ -112,8 +113,8 @@ class SchemaReference(SphinxDirective):
     module, _, name = self.arguments[0].rpartition(".")
     root = getattr(importlib.import_module(module), name)
     out, seen = [], set()
-    for path, cls, tag in sections(root, ""):
-      if (path, cls) in seen or not own_fields(cls):
+    for path, cls, tag, base in sections(root, ""):
+      if (path, cls) in seen or not shown_fields(cls, base):
         continue
       seen.add((path, cls))
       where = path or "(top level)"
@@ -121,7 +122,7 @@ class SchemaReference(SphinxDirective):
       title = nodes.paragraph()
       title += nodes.strong(text=f"{where}{kind}")
       title += nodes.Text(f": {cls.__module__}.{cls.__qualname__}")
-      out += [title, *self.summary(cls), fields_table(cls)]
+      out += [title, *self.summary(cls), fields_table(cls, base)]
     return out
 
 
