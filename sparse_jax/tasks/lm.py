@@ -67,7 +67,7 @@ class LMEvalConfig(schema.Schema):
 class LMExperiment(schema.Schema):
   """A language-model config (module docstring), typed."""
 
-  seed: int = 0
+  seed: int = 0  # Of the model's init and of its dropout and routing streams.
   data: DataConfig
   model: LMConfig
   train: TrainConfig

@@ -40,7 +40,7 @@ class Seq2SeqEvalConfig(schema.Schema):
 class Seq2SeqExperiment(schema.Schema):
   """A sequence-to-sequence config (module docstring), typed."""
 
-  seed: int = 0
+  seed: int = 0  # Of the model's init and of its dropout and routing streams.
   data: Seq2SeqDataConfig
   model: TerraformerConfig
   train: TrainConfig

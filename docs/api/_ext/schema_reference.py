@@ -128,12 +128,11 @@ class SchemaReference(SphinxDirective):
 
   @staticmethod
   def summary(cls: type) -> list[nodes.Node]:
-    """The first paragraph of the section's own docstring, as plain text."""
+    """The section's own docstring, a paragraph of plain text each (some sections describe
+    their fields there)."""
     doc = cls.__dict__.get("__doc__")
-    if not doc:
-      return []
-    first = inspect.cleandoc(doc).split("\n\n")[0]
-    return [nodes.paragraph(text=" ".join(first.split()))]
+    paragraphs = inspect.cleandoc(doc).split("\n\n") if doc else []
+    return [nodes.paragraph(text=" ".join(p.split())) for p in paragraphs]
 
 
 def setup(app):
