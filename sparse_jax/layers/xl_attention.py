@@ -143,8 +143,10 @@ class RelativeMultiHeadAttention(nnx.Module):
     head_weight = lambda w, axis: zero_pad(w[...].astype(dtype), width, axis)
     x_btd = ctx_bkd[:, k - t:]
     q_bthc = jnp.einsum("btd,dhc->bthc", x_btd, head_weight(self.w_q, 2))
-    k_bkhc = jnp.einsum("bkd,dhc->bkhc", ctx_bkd, head_weight(self.w_k, 2))
-    v_bkhc = jnp.einsum("bkd,dhc->bkhc", ctx_bkd, head_weight(self.w_v, 2))
+    # K and V in one product, so that the backward pass forms the context's gradient from
+    # both in one matmul: split over `tensor` (by head), one all-reduce of it, not two.
+    w_kv_2dhc = jnp.stack([head_weight(self.w_k, 2), head_weight(self.w_v, 2)])
+    k_bkhc, v_bkhc = jnp.einsum("bkd,sdhc->sbkhc", ctx_bkd, w_kv_2dhc)
     distances_k = jnp.arange(k - 1, -1, -1)
     pos_kd = sinusoid_embedding(distances_k, self.d_model).astype(dtype)
     r_khc = jnp.einsum("kd,dhc->khc", pos_kd, head_weight(self.w_r, 2))
