@@ -11,21 +11,19 @@ gradient missing a factor from a collective).
 """
 
 import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
-from training_testing import (assert_trees_equal, first_steps, free_port, patch_step,
-                              saved_item, sigterm_at, train_losses)
+from training_testing import (assert_trees_equal, first_steps, loopback_command,
+                              one_and_two_processes, patch_step, saved_item, sigterm_at,
+                              train_losses, two_processes)
 
 from sparse_jax import parallel
 from sparse_jax.tasks import train_and_evaluate
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture
@@ -83,62 +81,12 @@ def test_save_on_eight_devices_restore_on_four_and_continue(mesh_config, tmp_pat
                              rtol=2e-5)
 
 
-def _train_command(stdlib_slice, root, workdir):
-  """`train.py` on a tiny LM over a data 2 x expert 2 mesh, data prepared in `root/tfds`."""
-  return ["train.py", f"--workdir={workdir}",
-          f"--config.data.source_root={stdlib_slice}", f"--config.data.data_dir={root}/tfds",
-          "--config.data.batch_size=4", "--config.data.seq_len=16",
-          "--config.model.d_model=16", "--config.model.n_layers=1", "--config.model.n_heads=2",
-          "--config.model.mem_len=16", "--config.model.ff.n_experts=4",
-          "--config.model.ff.expert_size=8", "--config.mesh.data=2", "--config.mesh.expert=2",
-          "--config.train.steps=4", "--config.train.warmup_steps=1",
-          "--config.train.log_every=1", "--config.train.ckpt_every=3",
-          "--config.eval.batch_size=4", "--config.eval.max_batches=2"]
-
-
-LOOPBACK_ENV = dict(JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="2",
-                    JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo", JAX_DISABLE_MOST_OPTIMIZATIONS="1")
-
-
-def two_processes(command, sigterm_step=None) -> list[tuple[str, str]]:
-  """Runs `command` as two gloo-connected processes of 2 CPU devices each; returns their
-  (stdout, stderr). With `sigterm_step`, process 1 alone sends itself SIGTERM during that step
-  (tests/fault_injection.py). Fails if either process fails, or if they have not both exited
-  within 5 minutes (a hang: a few seconds of training here)."""
-  address = f"localhost:{free_port()}"
-  workers = []
-  for i in range(2):
-    signalled = i == 1 and sigterm_step is not None
-    env = {**os.environ, **LOOPBACK_ENV}
-    if signalled:
-      env["FAULT_SIGTERM"] = str(sigterm_step)
-    launcher = ["-m", "tests.fault_injection"] if signalled else []
-    workers.append(subprocess.Popen(
-        [sys.executable, *launcher, *command, f"--coordinator_address={address}",
-         "--num_processes=2", f"--process_id={i}"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-  try:
-    outputs = [w.communicate(timeout=300) for w in workers]
-  except subprocess.TimeoutExpired:
-    for worker in workers:
-      worker.kill()
-    pytest.fail("the two processes hung: not both exited within 5 minutes")
-  for worker, (_, stderr) in zip(workers, outputs):
-    assert worker.returncode == 0, stderr[-3000:]
-  return outputs
-
-
 @pytest.fixture(scope="module")
 def loopback_runs(stdlib_slice, tmp_path_factory):
   """`train.py` run to the end as one process of 4 CPU devices (`root/single`, which also
   prepares the data) and as two processes of 2 (`root/multi`); `(root, the two stdouts)`."""
   root = tmp_path_factory.mktemp("loopback")
-  env = {**os.environ, **LOOPBACK_ENV, "JAX_NUM_CPU_DEVICES": "4"}
-  single = subprocess.run([sys.executable, *_train_command(stdlib_slice, root, root / "single")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-  assert single.returncode == 0, single.stderr[-3000:]
-  outputs = two_processes(_train_command(stdlib_slice, root, root / "multi"))
-  return root, [stdout for stdout, _ in outputs]
+  return root, one_and_two_processes(stdlib_slice, root)
 
 
 def test_two_processes_on_loopback_train_like_one(loopback_runs):
@@ -160,7 +108,7 @@ def test_sigterm_reaching_one_process_stops_both_after_the_same_step(loopback_ru
   they hang."""
   root, _ = loopback_runs
   workdir, reference = root / "preempted", root / "multi"
-  command = _train_command(stdlib_slice, root, workdir)
+  command = loopback_command(stdlib_slice, root, workdir)
   outputs = two_processes(command, sigterm_step=0)
   for _, stderr in outputs:
     assert "Stopped at step 2;" in stderr, stderr[-3000:]

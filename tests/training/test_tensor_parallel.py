@@ -4,7 +4,9 @@ gradients of the loss, for the dense and the sigma-MoE LM (Transformer-XL attent
 dense one with causal attention too) on `tensor=8`, `data=2,tensor=4` and
 `fsdp=2,expert=2,tensor=2` (the dense LM, without experts: `fsdp=2,tensor=4`), the sigma-MoE
 LM with scanned, rematerialised layers and a tied output layer on `data=2,tensor=4`; a
-checkpoint saved on `tensor=4` resumes on `data=2,tensor=2` and on one device.
+checkpoint saved on `tensor=4` resumes on `data=2,tensor=2` and on one device; `tensor=4`
+across two processes (both read every row: the batch is not split over `tensor`) trains as
+one process does.
 
 Tolerances: a mesh changes only the order of f32 reductions (each device's partial sums over
 its heads, hidden units or vocabulary slice, then all-reduces), so losses and gradient norms
@@ -20,7 +22,8 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-from training_testing import first_steps, patch_step, sigterm_at, train_losses
+from training_testing import (first_steps, one_and_two_processes, patch_step, sigterm_at,
+                              train_losses)
 
 from sparse_jax import parallel
 from sparse_jax.tasks import task_for, train_and_evaluate
@@ -149,3 +152,16 @@ def test_the_scanned_rematerialised_tied_sigma_moe_lm_on_a_tensor_mesh_equals_on
     tp_config, tmp_path):
   tp_config.model.update(scan_layers=True, remat="block", tie_embeddings=True)
   assert_like_one_device(tp_config, tmp_path, MESHES[1:2])
+
+
+def test_tensor_across_two_processes_reads_every_row_on_both_and_trains_like_one(stdlib_slice,
+                                                                                  tmp_path):
+  """train.py on tensor 4 as two gloo-connected processes of 2 CPU devices each: each process
+  holds half of every tensor group, so both read all the batch's rows (one data shard), and
+  the run equals one process of 4 devices."""
+  one_and_two_processes(stdlib_slice, tmp_path, [
+      "--config.mesh.data=1", "--config.mesh.expert=1", "--config.mesh.tensor=4",
+      "--config.model.n_heads=4"])
+  multi, one = train_losses(tmp_path / "multi"), train_losses(tmp_path / "single")
+  assert sorted(multi) == [1, 2, 3, 4]
+  np.testing.assert_allclose([multi[s] for s in multi], [one[s] for s in multi], rtol=2e-5)
