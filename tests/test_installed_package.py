@@ -11,8 +11,6 @@ import sys
 import tarfile
 import zipfile
 
-import pytest
-
 import sparse_jax
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,7 +25,9 @@ LOAD_AND_GENERATE = """
 import importlib.metadata, sys
 import jax.numpy as jnp
 import sparse_jax
+from sparse_jax.aot import targets
 model, config = sparse_jax.load("run")
+print("h100 target", "h100" in targets.known_targets())  # read from the packaged targets.toml
 tokens = sparse_jax.generate(model, jnp.array([list(b"def ")]), 5)
 print("file", sparse_jax.__file__)
 print("version", sparse_jax.__version__, importlib.metadata.version("sparse_jax"))
@@ -42,17 +42,17 @@ def run(command: list[str], cwd, env=None) -> subprocess.CompletedProcess:
   return result
 
 
-@pytest.fixture(scope="module")
-def dist(tmp_path_factory):
-  """The sdist and wheel `python -m build` makes of the checkout."""
-  out = tmp_path_factory.mktemp("dist")
+def build(out) -> dict:
+  """The sdist and wheel `python -m build` makes of the checkout (once: it writes in the
+  checkout, so two builds must not run at the same time)."""
   run([sys.executable, "-m", "build", "--outdir", str(out), REPO], cwd=REPO)
   version = sparse_jax.__version__
   return {"sdist": out / f"sparse_jax-{version}.tar.gz",
           "wheel": out / f"sparse_jax-{version}-py3-none-any.whl"}
 
 
-def test_the_wheel_and_sdist_hold_the_configs_programs_data_and_licence(dist):
+def check_contents(dist: dict) -> None:
+  """The wheel and sdist hold the configs, the programs, package data and the licence."""
   wheel = zipfile.ZipFile(dist["wheel"]).namelist()
   for name in ("sparse_jax/configs/default.py", "sparse_jax/configs/sigma_moe_paper.py",
                "sparse_jax/cli/train.py", "sparse_jax/__main__.py",
@@ -71,8 +71,10 @@ def test_the_wheel_and_sdist_hold_the_configs_programs_data_and_licence(dist):
           f"{root}/sparse_jax/aot/targets.toml"} <= set(sdist)
 
 
-def test_the_installed_wheel_trains_evaluates_loads_and_prints_params(dist, stdlib_slice,
-                                                                      tmp_path):
+def test_the_built_wheel_installs_and_trains_evaluates_loads_and_prints_params(stdlib_slice,
+                                                                              tmp_path):
+  dist = build(tmp_path / "dist")
+  check_contents(dist)
   venv = tmp_path / "venv"
   run([sys.executable, "-m", "venv", str(venv)], cwd=tmp_path)
   run([str(venv / "bin" / "pip"), "install", "--quiet", str(dist["wheel"])], cwd=tmp_path)
@@ -93,6 +95,7 @@ def test_the_installed_wheel_trains_evaluates_loads_and_prints_params(dist, stdl
   version = sparse_jax.__version__
   assert f"version {version} {version}" in loaded.stdout
   assert "generated (1, 9) 16" in loaded.stdout
+  assert "h100 target True" in loaded.stdout
   printed = run([str(venv / "bin" / "python"), "-m", "sparse_jax", "train",
                  "--config=sigma_moe_paper:wt103_s", "--print_params"], cwd=user, env=env)
   assert "total_params:" in printed.stdout
