@@ -1,3 +1,3 @@
 """The command-line programs, one module each (`train`, `eval`, `figures`, `glue_average`),
-run as `sparse-jax COMMAND` (`main`) or by the scripts of a checkout; `config_names` reads
+run by the sparse-jax command (`main`) or by the scripts of a checkout; `config_names` reads
 `--config`. Above the library: nothing in sparse_jax imports them."""
