@@ -23,7 +23,6 @@ import ml_collections
 from sparse_jax.configs import paper_training, quality_medium
 
 VARIANTS = quality_medium.VARIANTS
-VARIANTS = quality_medium.VARIANTS
 STEPS = 1000
 SCHEDULE_STEPS = 4000  # quality_medium's: its warm-up (10%) and cosine decay.
 

@@ -1,5 +1,6 @@
 """Sequence classification over a frozen backbone: what `train.py` runs for configs with a
-`task` section (`configs/glue.py`, `configs/spartan_stdlib.py`), and what `eval.py` scores.
+`task` section (`sparse_jax/configs/glue.py`, `sparse_jax/configs/spartan_stdlib.py`), and what
+`eval.py` scores.
 
 Config sections: `task` (`sparse_jax.data.classification`; plus `max_len` and `n_train`, the
 few-shot subset size or None for the whole split), `backbone` (`tasks.backbones`),
