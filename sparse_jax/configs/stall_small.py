@@ -7,9 +7,10 @@ it, judged at step 1000 by the training's stall rule over that warm-up) and halv
 step: the embedded default's model (`default.py`: d_model 256, 4 layers, context and memory 128;
 sigma-MoE with 8 experts of 128, K 2, or its parameter-matched dense twin) at the default's
 peak rate 2e-3. Whether its stalls and its ordering of recipes agree with `stall_medium` on the
-recorded seeds is the first thing the study measures (`benchmarks/recipe_study.json`): at 1000
-steps they do not on dense seed 1, where neither N(0, 1) nor `fan_in` copies yet
-(benchmarks/history/2026-12-05_recipe_study.md).
+recorded seeds is the first thing the study measures (`benchmarks/recipe_study.json`): they do
+not on dense seed 1, where neither N(0, 1) nor `fan_in` copies by step 1000, and `fan_in` not
+by step 2000 either (as many tokens as `stall_medium`'s step 1000), so this size and context
+cannot tell a stall yet (benchmarks/history/2026-12-05_recipe_study.md).
 
 The argument is `MODEL/RECIPE`: `MODEL` one of `VARIANTS`, `RECIPE` one name of `CHANGES` or
 several joined by `+` (`fan_in+residual_zero`), each one change against the baseline, the
