@@ -107,16 +107,17 @@ def _flat(d: dict, prefix: str = "") -> dict:
   return out
 
 
+@pytest.mark.parametrize("probe", [stall_medium, stall_small], ids=["medium", "small"])
 @pytest.mark.parametrize("model", ["dense", "sigma_moe"])
-def test_each_change_changes_only_what_it_names(model):
-  base = _flat(stall_medium.get_config(f"{model}/baseline").to_dict())
-  for change, overrides in stall_medium.CHANGES.items():
-    config = _flat(stall_medium.get_config(f"{model}/{change}").to_dict())
+def test_each_change_changes_only_what_it_names(probe, model):
+  base = _flat(probe.get_config(f"{model}/baseline").to_dict())
+  for change, overrides in probe.CHANGES.items():
+    config = _flat(probe.get_config(f"{model}/{change}").to_dict())
     assert {k: config[k] for k in overrides} == overrides, change
     assert {k for k in config if base.get(k) != config[k]} == {
         k for k in overrides if base.get(k) != overrides[k]}, change
   with pytest.raises(ValueError, match="baseline"):
-    stall_medium.get_config(f"{model}/bigger")
+    probe.get_config(f"{model}/bigger")
 
 
 def test_the_probe_trains_quality_mediums_first_quarter_on_its_schedule():
@@ -170,13 +171,7 @@ def test_the_small_probe_records_recipes_of_joined_changes(tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize("model", ["dense", "sigma_moe"])
-def test_each_small_change_changes_only_what_it_names(model):
-  base = _flat(stall_small.get_config(f"{model}/baseline").to_dict())
-  for change, overrides in stall_small.CHANGES.items():
-    config = _flat(stall_small.get_config(f"{model}/{change}").to_dict())
-    assert {k: config[k] for k in overrides} == overrides, change
-    assert {k for k in config if base.get(k) != config[k]} == {
-        k for k in overrides if base.get(k) != overrides[k]}, change
+def test_small_changes_join_into_recipes(model):
   joined = _flat(stall_small.get_config(f"{model}/lr_half+residual_zero").to_dict())
   assert (joined["train.lr"], joined["model.residual_init_scale"]) == (1e-3, 0.0)
 
