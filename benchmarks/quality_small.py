@@ -257,6 +257,12 @@ def mean_sd(values: list[float]) -> tuple[float, float | None]:
   return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
+def paired_percent(treated: dict[int, float], control: dict[int, float]) -> dict[int, float]:
+  """Per seed both have (in order): `treated` minus `control` in percent of `control`, a
+  comparison paired by seed."""
+  return {s: 100 * (treated[s] / control[s] - 1) for s in sorted(treated.keys() & control.keys())}
+
+
 def summarise(runs: list[dict]) -> list[dict]:
   """Per (corpus, variant): bits per byte mean and sd over seeds, and the difference to dense
   of the same corpus and seed, in percent of dense, mean and sd (dense itself: none)."""
@@ -269,11 +275,11 @@ def summarise(runs: list[dict]) -> list[dict]:
     row = {"corpus": corpus, "variant": variant, "seeds": seeds, "bpb_mean": mean,
            "bpb_sd": sd, "diff_percent_mean": None, "diff_percent_sd": None,
            "params": by_key[corpus, variant, seeds[0]]["params"]}
-    paired = [s for s in seeds if (corpus, "dense", s) in by_key]
-    if variant != "dense" and paired:
-      diffs = [100 * (by_key[corpus, variant, s]["valid_bits_per_byte"]
-                      / by_key[corpus, "dense", s]["valid_bits_per_byte"] - 1) for s in paired]
-      row["diff_percent_mean"], row["diff_percent_sd"] = mean_sd(diffs)
+    dense = {s: r["valid_bits_per_byte"] for (c, v, s), r in by_key.items()
+             if (c, v) == (corpus, "dense")}
+    diffs = paired_percent(dict(zip(seeds, bpb)), dense)
+    if variant != "dense" and diffs:
+      row["diff_percent_mean"], row["diff_percent_sd"] = mean_sd(list(diffs.values()))
     rows.append(row)
   return rows
 

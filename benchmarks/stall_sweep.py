@@ -73,11 +73,11 @@ def train_one(config_name: str, corpus: str, variant: str, seed: int, root: str)
   return result
 
 
-def _mean_sd(values: list[float]) -> str:
+def _mean_sd(values: list[float], fmt: str = ".3f") -> str:
   if not values:
     return "-"
   mean, sd = quality_small.mean_sd(values)
-  return f"{mean:.3f}" + ("" if sd is None else f" +- {sd:.3f}")
+  return f"{mean:{fmt}}" + ("" if sd is None else f" +- {sd:{fmt.lstrip('+')}}")
 
 
 def summarise(runs: list[dict]) -> list[dict]:
@@ -99,18 +99,20 @@ def summarise(runs: list[dict]) -> list[dict]:
 def paired(runs: list[dict], treated: str = "sigma_moe", control: str = "dense") -> list[dict]:
   """Per corpus and recipe run with both models: `treated` minus `control` validation bits per
   byte in percent of `control`'s, paired by seed, over every seed both have (stalled or not)."""
-  by_key = {(r["corpus"], r["variant"], r["seed"]): r["valid_bits_per_byte"] for r in runs}
+  def bpb_by_seed(corpus: str, variant: str) -> dict[int, float]:
+    return {r["seed"]: r["valid_bits_per_byte"] for r in runs
+            if (r["corpus"], r["variant"]) == (corpus, variant)}
+
   rows = []
   for corpus, variant in dict.fromkeys((r["corpus"], r["variant"]) for r in runs):
     model, _, recipe = variant.partition("/")
     if model != treated:
       continue
-    seeds = sorted(s for c, v, s in by_key if (c, v) == (corpus, variant)
-                   and (corpus, f"{control}/{recipe}", s) in by_key)
-    diffs = [100 * (by_key[corpus, variant, s] / by_key[corpus, f"{control}/{recipe}", s] - 1)
-             for s in seeds]
+    diffs = quality_small.paired_percent(bpb_by_seed(corpus, variant),
+                                         bpb_by_seed(corpus, f"{control}/{recipe}"))
     if diffs:
-      rows.append({"corpus": corpus, "recipe": recipe, "seeds": seeds, "diff_percent": diffs})
+      rows.append({"corpus": corpus, "recipe": recipe, "seeds": list(diffs),
+                   "diff_percent": list(diffs.values())})
   return rows
 
 
@@ -141,9 +143,8 @@ def format_paired(rows: list[dict]) -> str:
   lines = ["| corpus | recipe | seeds | sigma-MoE - dense, % of dense (mean +- sd) |",
            "|---|---|---:|---:|"]
   for r in rows:
-    mean, sd = quality_small.mean_sd(r["diff_percent"])
-    lines.append(f"| {r['corpus']} | {r['recipe']} | {len(r['seeds'])} | {mean:+.2f}"
-                 + ("" if sd is None else f" +- {sd:.2f}") + " |")
+    lines.append(f"| {r['corpus']} | {r['recipe']} | {len(r['seeds'])} | "
+                 f"{_mean_sd(r['diff_percent'], '+.2f')} |")
   return "\n".join(lines)
 
 

@@ -18,6 +18,7 @@ every weight is multiplied by `1 - r` each step, whatever the learning rate
 L2 added to the gradient.
 """
 
+import dataclasses
 from typing import Literal
 
 import jax.numpy as jnp
@@ -78,10 +79,12 @@ class TrainConfig(schema.Schema):
                        f"{path}.schedule_steps", f"None or >= {path}.steps={self.steps}",
                        self.schedule_steps)
     profiling.parse_steps(self.profile_steps, f"{path}.profile_steps", self.steps)
+    defaults = {field.name: field.default for field in dataclasses.fields(self)}
     validation.require(
-        self.optimizer != "adafactor" or (self.adam_b1, self.adam_b2, self.adam_eps) == (
-            0.9, 0.999, 1e-8), f"{path}.optimizer",
-        "'adam' or 'adamw' where adam_b1, adam_b2 or adam_eps are set", self.optimizer)
+        self.optimizer != "adafactor" or all(getattr(self, name) == defaults[name]
+                                             for name in ("adam_b1", "adam_b2", "adam_eps")),
+        f"{path}.optimizer", "'adam' or 'adamw' where adam_b1, adam_b2 or adam_eps are set",
+        self.optimizer)
     validation.require(self.end_lr_fraction == 0 or self.schedule == "cosine",
                        f"{path}.end_lr_fraction", "0 unless schedule is 'cosine'",
                        self.end_lr_fraction)
