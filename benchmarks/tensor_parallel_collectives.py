@@ -2,10 +2,13 @@
 
     python -m benchmarks.tensor_parallel_collectives [--batch=8] [--seq_len=128]
         [--d_model=256] [--n_heads=8] [--d_ff=1024] [--n_experts=16] [--expert_size=64]
-        [--tensors=1,2,4] [--out=benchmarks/tensor_parallel_collectives_cpu.json]
+        [--block_size=32] [--tensors=1,2,4]
+        [--out=benchmarks/tensor_parallel_collectives_cpu.json]
 
 The training step of the dense and of the sigma-MoE LM (Transformer-XL attention with a memory
-of `seq_len`, float32, the XLA paths) is compiled, not run, on simulated CPU meshes of
+of `seq_len`, float32, the XLA paths), and of Scaling Transformers' LM (sparse FF of `d_ff`
+in blocks of `block_size`, sparse QKV attention with one module per head, no memory), is
+compiled, not run, on simulated CPU meshes of
 `tensor` = 1, 2, 4 devices alone (so every collective is over `tensor`), with 1 and with 2
 layers. `sparse_jax.aot.collectives` reads every all-reduce / all-gather / reduce-scatter
 from each compiled program; one layer's share is the 2-layer step's minus the 1-layer
@@ -14,9 +17,11 @@ rest of the step (embedding, output layer and loss, optimiser) is the 1-layer st
 that. Scalars (the partial sums of the gradient norm over each split parameter) are counted
 apart. Megatron's count per layer (Shoeybi et al. 2019): two all-reduces of `B x T x d`
 forward (after the attention output and the FF down projection) and two backward (the
-input gradients of Q/K/V and of the FF up projection). Bytes are those of the arrays the
-collectives produce (what a ring all-reduce moves is 2 (t - 1) / t of that per device).
-Prints the table and writes JSON.
+input gradients of Q/K/V and of the FF up projection). The sparse QKV attention has no output
+layer: its heads are all-gathered instead (half an all-reduce's traffic), and its module
+convolutions exchange neighbouring modules (collective-permutes). Bytes are those of the
+arrays the collectives produce (what a ring all-reduce moves is 2 (t - 1) / t of that per
+device). Prints the table and writes JSON.
 """
 
 import argparse
@@ -35,7 +40,7 @@ from sparse_jax.tasks import task_for
 from sparse_jax.training.compile_only import trace_train_step
 from sparse_jax.training.placement import Placement
 
-MODELS = ("dense", "sigma_moe")
+MODELS = ("dense", "sigma_moe", "sparse_ff_qkv")
 COUNTED = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 
@@ -48,6 +53,9 @@ def model_config(kind: str, n_layers: int, tensor: int, args):
                       mem_len=args.seq_len, vocab_size=256, dropout=0.0)
   if kind == "dense":
     config.model.ff = {"kind": "dense", "d_ff": args.d_ff}
+  elif kind == "sparse_ff_qkv":
+    config.model.ff = {"kind": "sparse_ff", "d_ff": args.d_ff, "block_size": args.block_size}
+    config.model.update(attention="sparse_qkv", mem_len=0)
   else:
     config.model.ff.update(n_experts=args.n_experts, expert_size=args.expert_size, k=2,
                            expert_dropout=0.0)
@@ -104,18 +112,18 @@ def _cell(counts: dict, kind: str, parts=("fwd", "bwd")) -> str:
 
 def print_table(rows: list[dict]) -> None:
   print("per layer, then the rest of the step: count / KiB of the arrays (AR all-reduce, AG "
-        "all-gather, RS reduce-scatter)")
-  print(f"{'model':<10} {'tensor':>6} {'AR fwd':>10} {'AR bwd':>10} {'Megatron fwd':>13} "
-        f"{'Megatron bwd':>13} {'AG':>6} {'RS':>6} {'scalars':>7} | {'rest AR fwd':>11} "
-        f"{'rest AR bwd':>11} {'rest AG':>7}")
+        "all-gather, RS reduce-scatter, CP collective-permute)")
+  print(f"{'model':<13} {'tensor':>6} {'AR fwd':>10} {'AR bwd':>10} {'Megatron fwd':>13} "
+        f"{'Megatron bwd':>13} {'AG':>8} {'RS':>6} {'CP':>8} {'scalars':>7} | "
+        f"{'rest AR fwd':>11} {'rest AR bwd':>11} {'rest AG':>7}")
   for r in rows:
     m, layer, rest = r["megatron_layer"], r["layer"], r["rest"]
     megatron = [f"{m[f'all-reduce {p} n']} / {m[f'all-reduce {p} bytes'] / 1024:.0f}"
                 for p in ("fwd", "bwd")]
-    print(f"{r['model']:<10} {r['tensor']:>6} {_cell(layer, 'all-reduce', ('fwd',)):>10} "
+    print(f"{r['model']:<13} {r['tensor']:>6} {_cell(layer, 'all-reduce', ('fwd',)):>10} "
           f"{_cell(layer, 'all-reduce', ('bwd',)):>10} {megatron[0]:>13} {megatron[1]:>13} "
-          f"{_cell(layer, 'all-gather'):>6} {_cell(layer, 'reduce-scatter'):>6} "
-          f"{layer.get('all-reduce scalar n', 0):>7} | "
+          f"{_cell(layer, 'all-gather'):>8} {_cell(layer, 'reduce-scatter'):>6} "
+          f"{_cell(layer, 'collective-permute'):>8} {layer.get('all-reduce scalar n', 0):>7} | "
           f"{_cell(rest, 'all-reduce', ('fwd',)):>11} {_cell(rest, 'all-reduce', ('bwd',)):>11} "
           f"{_cell(rest, 'all-gather'):>7}")
 
@@ -129,6 +137,7 @@ def main(argv=None) -> dict:
   parser.add_argument("--d_ff", type=int, default=1024)
   parser.add_argument("--n_experts", type=int, default=16)
   parser.add_argument("--expert_size", type=int, default=64)
+  parser.add_argument("--block_size", type=int, default=32)
   parser.add_argument("--tensors", default="1,2,4")
   parser.add_argument("--out", default="benchmarks/tensor_parallel_collectives_cpu.json")
   args = parser.parse_args(argv)

@@ -206,6 +206,28 @@ def partition_spec(logical: Sequence[str | None], shape: Sequence[int] | None = 
                          for axes in split))
 
 
+def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
+  """`x` constrained to the sharding `RULES` give its logical axes on the current mesh
+  (`jax.set_mesh`; a dimension the mesh does not divide stays whole); `x` itself without a
+  mesh. For activations whose sharding XLA would otherwise choose badly (the sparse QKV
+  attention's output: gathered once, not carried split along `d_model` into the next
+  LayerNorm and gathered at every matmul that reads it) and for decode caches (split by
+  head). The spec is written as XLA writes a jitted function's outputs' (no mesh axes of
+  size 1, no trailing unsplit dimensions): a cache fed back into the step that returned it
+  then has the spec the step was compiled for, and does not compile it again."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return x
+  spec = partition_spec(logical, x.shape, mesh)
+  split = [tuple(a for a in ((axes,) if isinstance(axes, str) else axes or ())
+                 if axis_size(mesh, a) > 1) for axes in spec]
+  while split and not split[-1]:
+    split.pop()
+  spec = PartitionSpec(*(None if not axes else axes[0] if len(axes) == 1 else axes
+                         for axes in split))
+  return jax.lax.with_sharding_constraint(x, spec)
+
+
 def declared_axes(variable: nnx.Variable) -> tuple[str, ...] | None:
   """The logical axes `variable` declares in its metadata, or None."""
   return variable.get_metadata(LOGICAL_AXES_KEY, None)

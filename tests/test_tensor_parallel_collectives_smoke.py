@@ -1,5 +1,6 @@
-"""benchmarks/tensor_parallel_collectives.py compiles the dense and sigma-MoE training steps on
-a simulated tensor=2 mesh at toy sizes and counts their collectives per layer."""
+"""benchmarks/tensor_parallel_collectives.py compiles the dense, sigma-MoE and sparse FF + QKV
+training steps on a simulated tensor=2 mesh at toy sizes and counts their collectives per
+layer."""
 
 import json
 
@@ -9,8 +10,8 @@ from benchmarks import tensor_parallel_collectives
 def test_collectives_benchmark_writes_its_table(tmp_path, capsys):
   out = tmp_path / "collectives.json"
   result = tensor_parallel_collectives.main([
-      "--batch=2", "--seq_len=8", "--d_model=16", "--n_heads=2", "--d_ff=32",
-      "--n_experts=4", "--expert_size=8", "--tensors=2", f"--out={out}"])
+      "--batch=2", "--seq_len=8", "--d_model=16", "--n_heads=4", "--d_ff=32",
+      "--n_experts=4", "--expert_size=8", "--block_size=8", "--tensors=2", f"--out={out}"])
   assert json.loads(out.read_text())["rows"] == result["rows"]
   rows = {r["model"]: r for r in result["rows"]}
   activation = 2 * 8 * 16 * 4  # B x T x d float32
@@ -21,4 +22,11 @@ def test_collectives_benchmark_writes_its_table(tmp_path, capsys):
     assert layer["all-reduce fwd n"] == 2 and layer["all-reduce fwd bytes"] == 2 * activation
     assert not any(k.startswith(("all-gather", "reduce-scatter")) for k in layer)
     assert layer["all-reduce bwd n"] >= 2
-  assert "sigma_moe" in capsys.readouterr().out
+  # The sparse QKV attention has no output layer: its heads are gathered, once; the FF's
+  # partial outputs all-reduced, once; the module convolutions exchange neighbours. (Two
+  # modules per device: with one, XLA all-gathers the convolution kernels' Adam updates.)
+  sparse = rows["sparse_ff_qkv"]["layer"]
+  assert sparse["all-gather fwd n"] == 1 and sparse["all-gather fwd bytes"] == activation
+  assert sparse["all-reduce fwd n"] == 1 and sparse["all-reduce fwd bytes"] == activation
+  assert sparse["collective-permute fwd n"] > 0
+  assert "sparse_ff_qkv" in capsys.readouterr().out

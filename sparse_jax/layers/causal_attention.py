@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from sparse_jax import parallel
 from sparse_jax.layers import cudnn_attention, initializers
 from sparse_jax.layers.precision import f32_einsum
 from sparse_jax.layers.rotary import apply_partial_rotary, rotated_channels
@@ -85,11 +86,16 @@ def attend_one(q_b1hc: jax.Array, k_bhkc: jax.Array, v_bhkc: jax.Array, k_bh1c: 
   return out_bhc[:, None]
 
 
+KV_CACHE_AXES = ("batch", "heads", None, None)  # Of `[B, H, max_len, Dh]` (`sparse_jax.parallel`).
+
+
 def init_kv_cache(batch: int, max_len: int, n_heads: int, head_dim: int,
                   dtype) -> dict[str, jax.Array]:
-  """Zero key and value caches, each `[B, H, max_len, Dh]` (head-major)."""
+  """Zero key and value caches, each `[B, H, max_len, Dh]` (head-major), split by head over
+  `mesh.tensor` under a mesh, as the heads that write them are."""
   shape = (batch, n_heads, max_len, head_dim)
-  return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+  zeros = lambda: parallel.constrain(jnp.zeros(shape, dtype), KV_CACHE_AXES)
+  return {"k": zeros(), "v": zeros()}
 
 
 def index_after(index: jax.Array, x: jax.Array, size: int) -> jax.Array:

@@ -24,6 +24,12 @@ column of W1 and row of W2 per block: `2 d_model d_ff / N` multiply-adds instead
 Controller init: Glorot-uniform C1 `[d_model, d_lowrank]` and C2 `[d_lowrank, d_ff]` as Trax
 (`controller_init="glorot"`), or N(0, 1/fan_in) (`"normal"`); its bias `c` starts at zero
 (Trax: N(0, 1e-6^2)). W1 and W2 keep the depth-scaled init of our dense FF (Trax: Glorot).
+
+Tensor parallelism (`mesh.tensor` = t, `sparse_jax.parallel`) splits the hidden units as
+Megatron splits a dense FF's, and the controller's blocks with them: W1's columns, W2's rows,
+`b1`, C2's columns and `c` by `d_ff`, whole blocks per device (t divides `d_ff / N`). C1 is
+replicated, so each device scores, masks and (decoding) chooses within its own blocks without
+communication; W2's partial products are all-reduced, once per layer as Megatron's FF.
 """
 
 import jax
@@ -53,6 +59,21 @@ def first_max_index(x: jax.Array) -> jax.Array:
   is_max = x == jnp.max(x, axis=-1, keepdims=True)
   first = jnp.min(jnp.where(is_max, jnp.arange(n, dtype=jnp.int32), n), axis=-1)
   return jnp.minimum(first, n - 1)
+
+
+def chosen_rows(w_u: jax.Array, choice: jax.Array, block_size: int) -> jax.Array:
+  """Row `choice[..., k]` of block `k` of `w_u` (`[d_ff, ...]`, one row per hidden unit, blocks
+  of `block_size` consecutive rows): `[..., d_ff / N, ...]`.
+
+  A gather batched over the blocks, so that with the blocks split over `mesh.tensor` each
+  device reads only its own blocks' rows: a flat `take` of `block * N + choice` made XLA's
+  partitioner gather every device's chosen rows and all-reduce them (`2 d_ff / N` rows of
+  `d_model` per token and layer). `choice` is in range by construction: "clip" spares the
+  gather's out-of-range fill (a select over every gathered row).
+  """
+  w_kn = w_u.reshape(-1, block_size, *w_u.shape[1:])
+  take = lambda w_n, c: jnp.take(w_n, c, axis=0, mode="clip")
+  return jax.vmap(take, in_axes=(0, -1), out_axes=choice.ndim - 1)(w_kn, choice)
 
 
 def block_mask(logits: jax.Array, gumbel: jax.Array, use_hard: jax.Array, *,
@@ -185,17 +206,16 @@ class SparseFF(FeedForward):
     """Eval output reading only the chosen unit's W1 column and W2 row in every block.
 
     The chosen unit's mask value is 1, so both placements give `ReLU(x W1[:, u] (+ b1[u]))`.
+    With the hidden units split over `mesh.tensor` (whole blocks per device), each device
+    reads its own blocks' chosen rows and one all-reduce adds the partial outputs.
     """
     dtype = x.dtype
     choice = first_max_index(self.controller_logits(x))  # [..., blocks]
-    units = jnp.arange(0, self.d_ff, self.block_size) + choice  # [..., blocks]
-    # `units` are in range by construction: "clip" spares the gather's out-of-range fill
-    # (a select over every gathered row).
-    keys_kd = jnp.take(self.w_keys[...], units, axis=0, mode="clip").astype(dtype)
+    keys_kd = chosen_rows(self.w_keys[...], choice, self.block_size).astype(dtype)
     pre = jnp.einsum("...d,...kd->...k", x, keys_kd)
     if self.b_up is not None:
-      pre = pre + jnp.take(self.b_up[...], units).astype(dtype)
-    values_kd = jnp.take(self.w_values[...], units, axis=0, mode="clip").astype(dtype)
+      pre = pre + chosen_rows(self.b_up[...], choice, self.block_size).astype(dtype)
+    values_kd = chosen_rows(self.w_values[...], choice, self.block_size).astype(dtype)
     return jnp.einsum("...k,...kd->...d", jax.nn.relu(pre).astype(dtype),
                       values_kd) + self.b_down[...].astype(dtype)
 

@@ -22,17 +22,43 @@ flattened to `d_model` and split into H heads of `d_model / H` channels (Trax's
 Decoding keeps the keys and values `[B, H, max_len, d_model / H]` as in dense attention, plus
 the last `F - 1` outputs `[B, F - 1, S, M]` of the multiplicative layer (F the largest
 `F_len`): exactly the convolutions' causal window (Trax's `_RememberPad`).
+
+Tensor parallelism (`mesh.tensor` = t, `sparse_jax.parallel`): split by module and head. Each
+device holds `S / t` columns of `D` (and their bias), so `mult` is column-parallel and yields
+that device's modules with no communication (`E`, shared by all modules, is replicated); the
+module convolutions read one neighbouring module on each side, which XLA's partitioner brings
+from the neighbouring devices (a collective-permute of `B x T x M` per side for Q and K, none
+for V's 3 x 1); the heads, whole on one device when t divides both S and H (their boundaries
+then coincide at the devices' edges), attend locally, their caches split by head; and the
+output, with no output layer to reduce it, is all-gathered once (`gathered_heads`). The
+backward pass all-reduces `mult`'s input gradient and the replicated weights' gradients.
 """
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from sparse_jax import parallel
 from sparse_jax.layers import initializers
 from sparse_jax.layers.causal_attention import (attend, attend_cached, causal_mask,
                                                 check_rotary_dim, init_kv_cache)
 from sparse_jax.layers.multiplicative_dense import MultiplicativeDense
 from sparse_jax.layers.rotary import apply_rotary
+
+
+WINDOW_AXES = ("batch", None, "heads", None)  # Of the `mult` window `[B, F - 1, S, M]`.
+
+
+def gathered_heads(out_btd: jax.Array) -> jax.Array:
+  """The attention's output with its heads whole on every device of `mesh.tensor`.
+
+  With no output layer there is no row-parallel product to all-reduce: the heads each device
+  computed are all-gathered here, once (`B x T x d_model` per layer, half an all-reduce's
+  traffic). Left to itself, XLA's partitioner carried the output split along `d_model`
+  through the residual and the next LayerNorm and gathered it again before every matmul that
+  reads it (one more all-gather per layer, and all-reduces of the LayerNorm statistics).
+  """
+  return parallel.constrain(out_btd, ("batch", None, None))
 
 
 class CausalModuleConv(nnx.Module):
@@ -95,8 +121,9 @@ class SparseQKVAttention(nnx.Module):
     self.n_modules, self.module_size = n_modules, d_model // n_modules
     check_rotary_dim(rotary, self.head_dim)
     self.rotary = rotary
+    # The flat bias is module-major, so splitting it by "heads" keeps it with its modules.
     self.mult = MultiplicativeDense(d_model, d_model, n_modules, use_bias=True,
-                                    init=mult_init, rngs=rngs)
+                                    bias_axis="heads", init=mult_init, rngs=rngs)
     self.conv_q = CausalModuleConv(self.module_size, q_kernel, n_layers=n_layers, rngs=rngs)
     self.conv_k = CausalModuleConv(self.module_size, k_kernel, n_layers=n_layers, rngs=rngs)
     self.conv_v = CausalModuleConv(self.module_size, v_kernel, n_layers=n_layers, rngs=rngs)
@@ -124,14 +151,14 @@ class SparseQKVAttention(nnx.Module):
                                  self.to_heads(self.conv_k(y_btsm)), jnp.arange(t))
     out_bthc = attend(q_bthc, k_bthc, self.to_heads(self.conv_v(y_btsm)), causal_mask(t),
                       self.attn_dropout)
-    return out_bthc.reshape(b, t, self.d_model)
+    return gathered_heads(out_bthc.reshape(b, t, self.d_model))
 
   def init_cache(self, batch: int, max_len: int, dtype) -> dict[str, jax.Array]:
     """Keys and values `[B, H, max_len, d_model / H]` and `mult`, the last `F - 1` layer
     outputs `[B, F - 1, S, M]`."""
     cache = init_kv_cache(batch, max_len, self.n_heads, self.head_dim, dtype)
     window_shape = (batch, self.window, self.n_modules, self.module_size)
-    return {**cache, "mult": jnp.zeros(window_shape, dtype)}
+    return {**cache, "mult": parallel.constrain(jnp.zeros(window_shape, dtype), WINDOW_AXES)}
 
   def decode(self, x_b1d: jax.Array, cache: dict, position: jax.Array) -> tuple[jax.Array, dict]:
     """One token at absolute `position`; calls must come at positions 0, 1, 2, ... in order.
@@ -148,7 +175,7 @@ class SparseQKVAttention(nnx.Module):
     out_b1hc, cache = attend_cached(q_b1hc, k_b1hc, self.to_heads(self.conv_v.last(window_bwsm)),
                                     cache, position, self.attn_dropout)
     cache = {**cache, "mult": window_bwsm[:, 1:].astype(cache["mult"].dtype)}
-    return out_b1hc.reshape(b, 1, self.d_model), cache
+    return gathered_heads(out_b1hc.reshape(b, 1, self.d_model)), cache
 
   def flops_per_token(self) -> int:
     """Multiply-adds of the multiplicative layer and the three convolutions for one token.

@@ -3,22 +3,28 @@
 Tensor parallelism (`sparse_jax.parallel`) splits attention heads, feed-forward hidden units
 and the vocabulary. What is split and tested equal to one device so far (tests/training/
 test_tensor_parallel.py for whole LMs, tests/layers/test_expert_parallel.py for every MoE
-kind's layer): Transformer-XL and causal attention on their XLA paths; the dense FF and the
-MoE kinds on the XLA grouped-matmul impls (their experts' columns in a `shard_map` with one
-`psum`, `layers.expert_parallel`), with `data`, `fsdp` and `expert` beside `tensor`; scanned
-and rematerialised layers; dense and tied output layers. Everything else is refused here,
-naming the field, until it is split and tested: the fused XL attention and cuDNN attention cores (kernels XLA cannot split by
-head), the GPU/TPU expert kernels, SwitchHead and sparse QKV attention, the PKM, top-k and
-sparse FFs, MoEUT's shared layers, the multiplicative output, and the memory and adapter
-plug-ins. A split dimension must divide evenly: heads, `d_ff`, `expert_size` and the
-vocabulary by `mesh.tensor`.
+kind's layer, tests/models/test_tensor_decoding.py for decoding): Transformer-XL, causal and
+sparse QKV attention (Scaling Transformers: by module and head, `layers.sparse_qkv_attention`)
+on their XLA paths; the dense FF, Scaling Transformers' sparse FF (by hidden unit, whole
+controller blocks per device, `layers.sparse_ff`) and the MoE kinds on the XLA grouped-matmul
+impls (their experts' columns in a `shard_map` with one `psum`, `layers.expert_parallel`),
+with `data`, `fsdp` and `expert` beside `tensor`; scanned and rematerialised layers; dense and
+tied output layers; decoding (`sparse_jax.generate(..., mesh=)`). Everything else is refused
+here, naming the field, until it is split and tested: the fused XL attention and cuDNN
+attention cores (kernels XLA cannot split by head), the GPU/TPU expert kernels, SwitchHead
+attention, the PKM and top-k FFs, MoEUT's shared layers, the multiplicative output, and the
+memory and adapter plug-ins. A split dimension must divide evenly: heads, `d_ff`,
+`expert_size` and the vocabulary by `mesh.tensor`; the sparse FF's blocks `d_ff / block_size`
+(a block's units stay on one device, where its choice is made) and the sparse QKV layer's
+modules `attention_sparsity` (S; with the heads, so module and head boundaries meet at each
+device's edge).
 """
-
 from sparse_jax import validation
 from sparse_jax.models.lm_config import LMConfig
 
-TENSOR_FF_KINDS = ("dense", "sigma_moe", "switch", "noisy_topk", "sbase", "softmax_moe")
-TENSOR_ATTENTION_KINDS = ("xl", "causal")
+TENSOR_FF_KINDS = ("dense", "sparse_ff", "sigma_moe", "switch", "noisy_topk", "sbase",
+                   "softmax_moe")
+TENSOR_ATTENTION_KINDS = ("xl", "causal", "sparse_qkv")
 # The grouped-matmul impls XLA partitions ("auto" is checked again when the layer is traced:
 # it means a GPU or TPU kernel there, `expert_parallel.check_tensor_kernel`).
 TENSOR_FF_IMPLS = ("auto", "blocked", "ragged", "gather")
@@ -57,8 +63,15 @@ def check_tensor_parallel(model: LMConfig, tensor: int) -> None:
     _supported(kind == "none", f"model.{plugin}.kind", tensor, "'none'", kind)
   _divides(model.n_heads, "model.n_heads", tensor)
   _divides(model.vocab_size, "model.vocab_size", tensor)
+  if model.attention_sparsity is not None:
+    _divides(model.attention_sparsity, "model.attention_sparsity", tensor)
   if ff.kind == "dense":
     _divides(ff.d_ff, "model.ff.d_ff", tensor)
+  elif ff.kind == "sparse_ff":
+    validation.require((ff.d_ff // ff.block_size) % tensor == 0, "model.ff.block_size",
+                       f"a block size giving a number of blocks d_ff / block_size divisible "
+                       f"by mesh.tensor={tensor} (whole blocks per device; d_ff={ff.d_ff})",
+                       ff.block_size)
   else:
     _supported(ff.impl in TENSOR_FF_IMPLS, "model.ff.impl", tensor,
                f"one of {TENSOR_FF_IMPLS}", ff.impl)

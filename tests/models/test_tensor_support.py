@@ -3,7 +3,7 @@
 import pytest
 from lm_testing import tiny_lm_config
 
-from sparse_jax.configs import glue
+from sparse_jax.configs import glue, tensor_parallel
 from sparse_jax.tasks import validate_config
 from sparse_jax.validation import ConfigError
 
@@ -22,13 +22,17 @@ def test_the_tested_kinds_pass(config):
   config.model.ff = {"kind": "dense", "d_ff": 64}
   config.mesh.update(data=2, expert=1)
   validate_config(config)
+  config.model.update(attention="sparse_qkv", mem_len=0, n_heads=4, attention_sparsity=2)
+  config.model.ff = {"kind": "sparse_ff", "d_ff": 64, "block_size": 32}
+  validate_config(config)
 
 
 @pytest.mark.parametrize("change, message", [
     ({"ff": {"kind": "pkm", "n_subkeys": 4, "knn": 2, "n_heads": 1}},
-     r"'model.ff.kind' must be one of \('dense', 'sigma_moe', .*\) with mesh.tensor=2 .*not "
-     r"split over tensor yet.*got 'pkm'"),
-    ({"attention": "sparse_qkv"}, r"'model.attention' must be one of \('xl', 'causal'\)"),
+     r"'model.ff.kind' must be one of \('dense', 'sparse_ff', 'sigma_moe', .*\) with "
+     r"mesh.tensor=2 .*not split over tensor yet.*got 'pkm'"),
+    ({"attention": "switchhead", "attention_experts": 2, "attention_k": 1},
+     r"'model.attention' must be one of \('xl', 'causal', 'sparse_qkv'\)"),
     ({"attention_impl": "pallas", "attn_dropout": 0.0},
      r"'model.attention_impl' must be not 'pallas'"),
     ({"loss_sparsity": 4}, r"'model.loss_sparsity' must be 0"),
@@ -38,6 +42,11 @@ def test_the_tested_kinds_pass(config):
     ({"ff.impl": "pallas"}, r"'model.ff.impl' must be one of \('auto', 'blocked', 'ragged', "
                             r"'gather'\) with mesh.tensor=2"),
     ({"ff": {"kind": "dense", "d_ff": 63}}, r"'model.ff.d_ff' must be divisible by mesh.tensor"),
+    ({"ff": {"kind": "sparse_ff", "d_ff": 64, "block_size": 64}},
+     r"'model.ff.block_size' must be a block size giving a number of blocks d_ff / block_size "
+     r"divisible by mesh.tensor=2 \(whole blocks per device; d_ff=64\).*got 64"),
+    ({"attention": "sparse_qkv", "mem_len": 0, "n_heads": 4, "attention_sparsity": 1},
+     r"'model.attention_sparsity' must be divisible by mesh.tensor=2"),
 ])
 def test_what_is_not_split_yet_is_refused_naming_the_field(config, change, message):
   for field, value in change.items():
@@ -50,6 +59,13 @@ def test_what_is_not_split_yet_is_refused_naming_the_field(config, change, messa
   config.mesh.tensor = 1
   if "divisible" in message:
     validate_config(config)  # Only the split needed it.
+
+
+@pytest.mark.parametrize("variant", tensor_parallel.VARIANTS)
+def test_the_tensor_parallel_configs_pass_the_check(variant):
+  config = tensor_parallel.get_config(variant)
+  validate_config(config)
+  assert config.mesh.tensor == tensor_parallel.TENSOR
 
 
 def test_models_other_than_the_lm_refuse_tensor():

@@ -1,8 +1,9 @@
 """Tensor parallelism: whole LMs on meshes with a `tensor` axis equal one device (8 simulated
 CPU devices): the losses, gradient norms and parameters of 3 training steps, and the full
 gradients of the loss, for the dense and the sigma-MoE LM (Transformer-XL attention; the
-dense one with causal attention too) on `tensor=8`, `data=2,tensor=4` and
-`fsdp=2,expert=2,tensor=2` (the dense LM, without experts: `fsdp=2,tensor=4`), the sigma-MoE
+dense one with causal attention too) and Scaling Transformers' LM (sparse FF and sparse QKV
+attention) on `tensor=8`, `data=2,tensor=4` and `fsdp=2,expert=2,tensor=2` (the LMs without
+experts: `fsdp=2,tensor=4`), the sigma-MoE
 LM with scanned, rematerialised layers and a tied output layer on `data=2,tensor=4`; a
 checkpoint saved on `tensor=4` resumes on `data=2,tensor=2` and on one device; `tensor=4`
 across two processes (both read every row: the batch is not split over `tensor`) trains as
@@ -54,9 +55,20 @@ def dense(config, attention="xl"):
   return config
 
 
-def loss_and_grads(config, shape, tokens):
+def sparse(config):
+  """Scaling Transformers' sparse FF (16 blocks of 4) and sparse QKV attention (8 modules of
+  4, one per head): every mesh of 8 splits whole blocks and modules. No dropout, so that the
+  gradients compare in training mode."""
+  config.model.ff = {"kind": "sparse_ff", "d_ff": 64, "block_size": 4}
+  config.model.update(attention="sparse_qkv", mem_len=0, dropout=0.0)
+  return config
+
+
+def loss_and_grads(config, shape, tokens, train=False):
   """The loss and its gradients w.r.t. every parameter, for the model as initialised, on a
-  mesh of `shape` (the model and batch placed as training places them)."""
+  mesh of `shape` (the model and batch placed as training places them); in evaluation mode
+  (dropout off: only the mesh differs), or in training mode with `train` (for the sparse FF,
+  whose controller has gradients only there; the config's dropout must then be 0)."""
   config.mesh = dict(zip(parallel.MESH_AXES, shape))
   task, mesh = task_for(config), parallel.make_mesh(shape)
   placement = Placement(mesh)
@@ -68,7 +80,10 @@ def loss_and_grads(config, shape, tokens):
 
     @nnx.jit
     def grads(model, batch, carry):
-      model.eval()  # Dropout off: only the mesh differs.
+      if train:
+        model.train()
+      else:
+        model.eval()
       (loss, _), g = nnx.value_and_grad(task.loss, has_aux=True)(model, batch, carry)
       return loss, g
 
@@ -85,14 +100,14 @@ def assert_grads_close(got, want, mesh):
   jax.tree.map_with_path(close, got, want)
 
 
-def assert_like_one_device(config, tmp_path, meshes):
+def assert_like_one_device(config, tmp_path, meshes, train=False):
   config.data.data_dir = str(tmp_path / "tfds")
   tokens = np.random.default_rng(0).integers(0, 256, (8, 17), dtype=np.int32)
-  want_loss, want_grads = loss_and_grads(config, ONE, tokens)
+  want_loss, want_grads = loss_and_grads(config, ONE, tokens, train)
   assert all(np.abs(g).max() > 0 for g in jax.tree.leaves(want_grads))
   ref_losses, ref_params, _ = first_steps(config, str(tmp_path / "one"), ONE, n_steps=3)
   for shape in meshes:
-    loss, grads = loss_and_grads(config, shape, tokens)
+    loss, grads = loss_and_grads(config, shape, tokens, train)
     np.testing.assert_allclose(loss, want_loss, rtol=2e-5, err_msg=str(shape))
     assert_grads_close(grads, want_grads, shape)
     losses, params, run = first_steps(config, str(tmp_path / str(shape)), shape, n_steps=3)
@@ -103,15 +118,24 @@ def assert_like_one_device(config, tmp_path, meshes):
 
 
 def assert_split_over_tensor(model, tensor):
-  """Heads, the FF's hidden units and the vocabulary are split `tensor` ways on the device."""
-  block = model.blocks[0]
-  ff_up = block.ff.w_up[...]
-  hidden = ff_up.shape[-1]
-  assert ff_up.addressable_shards[0].data.shape[-1] == hidden // tensor
-  w_q = block.attn.w_q[...]
-  assert w_q.addressable_shards[0].data.shape[1] == w_q.shape[1] // tensor
-  embedding = model.embed.embedding[...]
-  assert embedding.addressable_shards[0].data.shape[0] == embedding.shape[0] // tensor
+  """Heads, FF hidden units and the vocabulary are split `tensor` ways on the device: every
+  parameter's first dimension named `heads`, `mlp` or `vocab` is split over `tensor` (and
+  perhaps `fsdp` too), its shard at most `1 / tensor` of it."""
+  params = nnx.state(model, nnx.Param)
+  split = 0
+  for path, param in jax.tree.leaves_with_path(params, is_leaf=lambda x: isinstance(
+      x, nnx.Variable)):
+    axes = parallel.declared_axes(param) or ()
+    dims = [i for i, name in enumerate(axes) if name in ("heads", "mlp", "vocab")]
+    if dims:
+      value, where = param[...], jax.tree_util.keystr(path)
+      spec = tuple(value.sharding.spec) + (None,) * value.ndim
+      mesh_axes = (spec[dims[0]],) if isinstance(spec[dims[0]], str) else spec[dims[0]] or ()
+      assert parallel.TENSOR in mesh_axes, where
+      shard = value.addressable_shards[0].data.shape[dims[0]]
+      assert shard * tensor <= value.shape[dims[0]], where
+      split += 1
+  assert split >= 4  # Q or the module factors, the FF's up projection, embedding, output
 
 
 def test_the_sigma_moe_lm_on_tensor_meshes_equals_one_device(tp_config, tmp_path):
@@ -124,6 +148,14 @@ def test_the_dense_lm_on_tensor_meshes_equals_one_device(tp_config, tmp_path):
 
 def test_the_dense_causal_lm_on_a_tensor_mesh_equals_one_device(tp_config, tmp_path):
   assert_like_one_device(dense(tp_config, "causal"), tmp_path, MESHES[1:2])
+
+
+def test_the_sparse_ff_and_sparse_qkv_lm_on_tensor_meshes_equals_one_device(tp_config,
+                                                                            tmp_path):
+  """In training mode (the gradients too), the sparse FF draws its Gumbel noise and its
+  hard/soft choice per call from the `routing` stream: the same values on every mesh (JAX's
+  partitionable threefry)."""
+  assert_like_one_device(sparse(tp_config), tmp_path, DENSE_MESHES, train=True)
 
 
 def test_saved_on_tensor_4_resumes_on_data_2_tensor_2_and_on_one_device(tp_config, tmp_path,
