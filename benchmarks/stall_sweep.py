@@ -1,17 +1,16 @@
-"""How often a training recipe stalls: a stall probe over models, changes and seeds.
+"""How often a training recipe stalls: the stall probe over models, recipes and seeds.
 
     python -m benchmarks.stall_sweep --models=dense,sigma_moe --changes=baseline,fan_in \
         --seeds=0-5 --jobs=2
     python -m benchmarks.stall_sweep --models=dense --changes=baseline,fan_in --seeds=2 --corpus=prose
-    python -m benchmarks.stall_sweep --config=stall_small --models=dense,sigma_moe \
-        --changes=baseline,fan_in,fan_in+residual_zero --seeds=0-7 --out=benchmarks/recipe_study.json
+    python -m benchmarks.stall_sweep --models=dense,sigma_moe \
+        --changes=fan_in,fan_in+residual_zero --seeds=0-7
 
-Trains each (model, change, seed) of a probe, `--config`: `stall_medium`
-(`sparse_jax/configs/stall_medium.py`, `quality_medium`'s first 1000 steps) or `stall_small`
-(`sparse_jax/configs/stall_small.py`, the same schedule at the embedded default's size, whose
-changes join with `+` into recipes), on `--corpus` (`builtin`, or `prose`) through
+Trains each (model, recipe, seed) of the probe, `stall_medium`
+(`sparse_jax/configs/stall_medium.py`, `quality_medium`'s first 1000 steps; a recipe is one of
+its changes or several joined with `+`), on `--corpus` (`builtin`, or `prose`) through
 `benchmarks.quality_small.run` (a finished run is read back, an interrupted one resumes; runs
-live in `WORKDIR/<config>/<corpus id>/<model>/<change>/seed<N>`), `--jobs` runs at a time. A run
+live in `WORKDIR/stall_medium/<corpus id>/<model>/<recipe>/seed<N>`), `--jobs` runs at a time. A run
 *stalled* when the probe's criterion (`criterion`) holds at one of its evaluations: the
 training's stall rule (`sparse_jax.tasks.copy_score.StallRule`, the warning users see) with the
 probe's warm-up as its start and window whatever the change does to the warm-up, so every change
@@ -28,18 +27,16 @@ import os
 
 from benchmarks import quality_small
 from benchmarks.machine import machine_info, write_result
-from sparse_jax.configs import stall_medium, stall_small
+from sparse_jax.configs import stall_medium
 from sparse_jax.tasks import copy_score
 from sparse_jax.training.metrics_log import latest_records, read_metrics
 
-PROBES = {"stall_medium": stall_medium, "stall_small": stall_small}
-OUTS = {"stall_medium": "benchmarks/stall_sweep.json",
-        "stall_small": "benchmarks/recipe_study.json"}
+PROBE = "stall_medium"
 
 
-def criterion(config_name: str = "stall_medium") -> copy_score.StallRule:
+def criterion() -> copy_score.StallRule:
   """The training's stall rule over the probe's warm-up, whatever a change does to it."""
-  warmup = PROBES[config_name].SCHEDULE_STEPS // 10
+  warmup = stall_medium.SCHEDULE_STEPS // 10
   return copy_score.StallRule(ratio=copy_score.STALL_RATIO, drop=copy_score.STALL_DROP,
                               window=warmup, start=warmup)
 
@@ -52,21 +49,21 @@ def evaluations(workdir: str) -> list[dict]:
           for r in latest_records(read_metrics(workdir), "validation")]
 
 
-def stalled_at(evals: list[dict], config_name: str = "stall_medium") -> int | None:
+def stalled_at(evals: list[dict]) -> int | None:
   """The first evaluation's step where the probe's `criterion` holds, or None
   (`StallDetector`, as the training applies its rule)."""
-  detector = copy_score.StallDetector(criterion(config_name))
+  detector = copy_score.StallDetector(criterion())
   for e in evals:
     detector.update(e["step"], e["copy_ratio"])
   return detector.fired_at
 
 
-def train_one(config_name: str, corpus: str, variant: str, seed: int, root: str) -> dict:
+def train_one(corpus: str, variant: str, seed: int, root: str) -> dict:
   """One run (`quality_small.run`) with its evaluations, where it stalled and whether."""
-  result = dict(quality_small.run(config_name, corpus, variant, seed, None, root))
-  folder = quality_small.run_folder(root, config_name, corpus, variant, seed)
+  result = dict(quality_small.run(PROBE, corpus, variant, seed, None, root))
+  folder = quality_small.run_folder(root, PROBE, corpus, variant, seed)
   result["evaluations"] = evaluations(folder)
-  result["stalled_at"] = stalled_at(result["evaluations"], config_name)
+  result["stalled_at"] = stalled_at(result["evaluations"])
   result["model"], _, result["recipe"] = variant.partition("/")
   result["stalled"] = result["stalled_at"] is not None
   result["warned"] = any(e["warned"] for e in result["evaluations"])
@@ -127,7 +124,8 @@ def alarms(runs: list[dict]) -> dict:
                            if r["stalled"] and not r["warned"])}
 
 
-def format_table(rows: list[dict], steps: int = stall_medium.STEPS) -> str:
+def format_table(rows: list[dict]) -> str:
+  steps = stall_medium.STEPS
   lines = [f"| corpus | model/change | stalled / runs | stalled seeds | bpb at step "
            f"{steps} | bpb, runs that did not stall | copy ratio |",
            "|---|---|---:|---|---:|---:|---:|"]
@@ -159,22 +157,19 @@ def parse_seeds(text: str) -> list[int]:
 
 def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--config", default="stall_medium", choices=sorted(PROBES))
   parser.add_argument("--models", default="dense", help="of the probe's models")
   parser.add_argument("--changes", default="baseline",
-                      help="comma-separated, of the probe's CHANGES (stall_small: or several "
-                           "joined by '+')")
+                      help="comma-separated recipes: each one of the probe's CHANGES or several "
+                           "joined by '+'")
   parser.add_argument("--seeds", default="0-5", help="e.g. 0-5 or 0,3,5")
   parser.add_argument("--corpus", default="builtin", choices=quality_small.CORPORA)
   parser.add_argument("--jobs", type=int, default=1, help="runs trained at a time")
   parser.add_argument("--workdir", default="runs/quality",
                       help="where runs go; a finished run found there is not redone")
-  parser.add_argument("--out", default=None, help=f"default: {OUTS}")
+  parser.add_argument("--out", default="benchmarks/stall_sweep.json")
   args = parser.parse_args(argv)
-  args.out = args.out or OUTS[args.config]
-  probe = PROBES[args.config]
-  models = quality_small.names(args.models, probe.VARIANTS, "models")
-  changes = _changes(probe, args.changes)
+  models = quality_small.names(args.models, stall_medium.VARIANTS, "models")
+  changes = _recipes(args.changes)
   runs = {}
   if os.path.exists(args.out):
     with open(args.out) as f:
@@ -187,34 +182,32 @@ def main(argv=None) -> dict:
   todo = [(args.corpus, f"{m}/{c}", s) for m in models for c in changes
           for s in parse_seeds(args.seeds) if (args.corpus, f"{m}/{c}", s) not in runs]
   if args.jobs > 1 and todo:
-    quality_small.prepare_corpora(args.config, [args.corpus], args.workdir)
-  calls = [(args.config, *key, args.workdir) for key in todo]
-  for (_, corpus, variant, seed, _), result in quality_small.in_processes(train_one, calls,
+    quality_small.prepare_corpora(PROBE, [args.corpus], args.workdir)
+  calls = [(*key, args.workdir) for key in todo]
+  for (corpus, variant, seed, _), result in quality_small.in_processes(train_one, calls,
                                                                            args.jobs):
     runs[corpus, variant, seed] = result
     print(f"{corpus} {variant} seed {seed}: stalled at {result['stalled_at']}", flush=True)
     write_result(recorded(), args.out)
   result = recorded()
-  print(format_table(result["summary"], probe.STEPS))
+  print(format_table(result["summary"]))
   print(format_paired(result["paired"]))
   print(f"stall warning against the criterion over {result['alarms']['runs']} runs: false "
         f"alarms {result['alarms']['false']}, missed {result['alarms']['missed']}")
   return result
 
 
-def _changes(probe, text: str) -> list[str]:
-  """`--changes` checked against the probe's: one change each, or (a probe with
-  `recipe_overrides`) changes joined by '+'."""
-  if not hasattr(probe, "recipe_overrides"):
-    return quality_small.names(text, probe.CHANGES, "changes")
+def _recipes(text: str) -> list[str]:
+  """`--changes` checked against the probe's: each recipe one change or several joined by
+  '+'."""
   recipes = [r for r in text.split(",") if r]
   try:
     for recipe in recipes:
-      probe.recipe_overrides(recipe)
+      stall_medium.recipe_overrides(recipe)
   except ValueError as e:
     raise SystemExit(f"--changes: {e}") from None
   if not recipes:
-    raise SystemExit(f"--changes must name some of {list(probe.CHANGES)}; got {text!r}")
+    raise SystemExit(f"--changes must name some of {list(stall_medium.CHANGES)}; got {text!r}")
   return recipes
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from benchmarks import quality_small, stall_sweep
-from sparse_jax.configs import stall_medium, stall_small
+from sparse_jax.configs import stall_medium
 
 # (step, copy ratio) of a run that stalls (still copying hardly at all at step 1000, < 0.1 less
 # than at step 500) and of one that learns to copy.
@@ -107,17 +107,16 @@ def _flat(d: dict, prefix: str = "") -> dict:
   return out
 
 
-@pytest.mark.parametrize("probe", [stall_medium, stall_small], ids=["medium", "small"])
 @pytest.mark.parametrize("model", ["dense", "sigma_moe"])
-def test_each_change_changes_only_what_it_names(probe, model):
-  base = _flat(probe.get_config(f"{model}/baseline").to_dict())
-  for change, overrides in probe.CHANGES.items():
-    config = _flat(probe.get_config(f"{model}/{change}").to_dict())
+def test_each_change_changes_only_what_it_names(model):
+  base = _flat(stall_medium.get_config(f"{model}/baseline").to_dict())
+  for change, overrides in stall_medium.CHANGES.items():
+    config = _flat(stall_medium.get_config(f"{model}/{change}").to_dict())
     assert {k: config[k] for k in overrides} == overrides, change
     assert {k for k in config if base.get(k) != config[k]} == {
         k for k in overrides if base.get(k) != overrides[k]}, change
   with pytest.raises(ValueError, match="baseline"):
-    probe.get_config(f"{model}/bigger")
+    stall_medium.get_config(f"{model}/bigger")
 
 
 def test_the_probe_trains_quality_mediums_first_quarter_on_its_schedule():
@@ -134,26 +133,26 @@ def test_the_probe_trains_quality_mediums_first_quarter_on_its_schedule():
   assert probe.data.to_dict() == full.data.to_dict()
 
 
-def test_the_small_probe_records_recipes_of_joined_changes(tmp_path, monkeypatch):
+def test_the_probe_records_recipes_of_joined_changes(tmp_path, monkeypatch):
   train, calls = _fake_train(stalled_seeds={0})
   monkeypatch.setattr(quality_small, "train_to_completion", train)
   out = tmp_path / "study.json"
-  result = stall_sweep.main(["--config=stall_small", "--models=sigma_moe",
+  result = stall_sweep.main(["--models=sigma_moe",
                              "--changes=baseline,fan_in+residual_zero", "--seeds=0-1",
                              f"--workdir={tmp_path}", f"--out={out}"])
   assert sorted(calls) == sorted([(e, s) for e in ("normal", "fan_in") for s in (0, 1)])
-  assert (tmp_path / "stall_small" / "builtin" / "sigma_moe" / "fan_in+residual_zero" /
+  assert (tmp_path / "stall_medium" / "builtin" / "sigma_moe" / "fan_in+residual_zero" /
           "seed1").is_dir()
   runs = {(r["recipe"], r["seed"]): r for r in json.loads(out.read_text())["runs"]}
   assert runs["baseline", 0]["stalled"] is True and runs["baseline", 1]["stalled"] is False
   joined = runs["fan_in+residual_zero", 1]
-  assert joined["model"] == "sigma_moe" and joined["steps"] == stall_small.STEPS
+  assert joined["model"] == "sigma_moe" and joined["steps"] == stall_medium.STEPS
   assert joined["config_fields"]["model.embed_init"] == "fan_in"
   assert joined["config_fields"]["model.residual_init_scale"] == 0.0
   assert joined["warned"] is False and runs["baseline", 0]["warned"] is True
   assert result["alarms"] == {"runs": 4, "false": [], "missed": []}
   # Both models on the same seeds: sigma-MoE's 5% is the paired difference of every seed.
-  result = stall_sweep.main(["--config=stall_small", "--models=dense",
+  result = stall_sweep.main(["--models=dense",
                              "--changes=baseline,fan_in+residual_zero", "--seeds=0-1",
                              f"--workdir={tmp_path}", f"--out={out}"])
   assert [(r["recipe"], r["seeds"]) for r in result["paired"]] == [
@@ -163,30 +162,14 @@ def test_the_small_probe_records_recipes_of_joined_changes(tmp_path, monkeypatch
   assert "| builtin | baseline | 2 | +5.00 +- 0.00 |" in stall_sweep.format_paired(
       result["paired"])
   assert "| builtin | sigma_moe/baseline | 1 / 2 | 0 | 2.152 +- 0.074 | 2.205 |" in (
-      stall_sweep.format_table(result["summary"], stall_small.STEPS))
+      stall_sweep.format_table(result["summary"]))
   with pytest.raises(SystemExit, match="unknown change 'bigger'"):
-    stall_sweep.main(["--config=stall_small", "--changes=fan_in+bigger"])
+    stall_sweep.main(["--changes=fan_in+bigger"])
   with pytest.raises(SystemExit, match="twice"):
-    stall_sweep.main(["--config=stall_small", "--changes=fan_in+xavier"])
+    stall_sweep.main(["--changes=fan_in+xavier"])
 
 
 @pytest.mark.parametrize("model", ["dense", "sigma_moe"])
-def test_small_changes_join_into_recipes(model):
-  joined = _flat(stall_small.get_config(f"{model}/lr_half+residual_zero").to_dict())
-  assert (joined["train.lr"], joined["model.residual_init_scale"]) == (1e-3, 0.0)
-
-
-def test_the_small_probe_is_the_default_model_on_the_medium_schedule():
-  from sparse_jax.configs import default, default_dense
-  from sparse_jax.tasks.selection import validate_config
-  for model, full in (("sigma_moe", default.get_config()), ("dense", default_dense.get_config())):
-    probe = stall_small.get_config(f"{model}/baseline")
-    medium = stall_medium.get_config(f"{model}/baseline")
-    for field in ("steps", "schedule_steps", "warmup_steps"):
-      assert probe.train[field] == medium.train[field], field
-    assert probe.train.lr == full.train.lr
-    probe_model, full_model = (validate_config(c).to_dict()["model"] for c in (probe, full))
-    assert (probe_model.pop("embed_init"), full_model.pop("embed_init")) == ("normal", "fan_in")
-    assert probe_model == full_model
-    assert probe.data.to_dict() == full.data.to_dict()
-  assert stall_sweep.criterion("stall_small") == stall_sweep.criterion("stall_medium")
+def test_changes_join_into_recipes(model):
+  joined = _flat(stall_medium.get_config(f"{model}/lr_half+residual_zero").to_dict())
+  assert (joined["train.lr"], joined["model.residual_init_scale"]) == (5e-4, 0.0)

@@ -8,15 +8,21 @@ same 4000-step schedule, for their first 1000 steps (a quarter of the time), eva
 250 steps on 20 batches. Smaller models do not learn to copy by step 1000 at all, stalled or
 not (benchmarks/history/2026-11-28_stall.md), so they cannot tell a stall.
 
-The argument is `MODEL/CHANGE`: `MODEL` one of `quality_medium.VARIANTS` ("dense",
-"sigma_moe"), `CHANGE` one of `CHANGES`, each one thing changed against the recipe the
-stalled runs trained ("baseline": `quality_medium` with the N(0, 1) token embedding that was
-the default until the fix, `STUDIED`). `benchmarks/stall_sweep.py` trains them over seeds and
-counts the stalls.
+It is also the probe of issue 73's recipe study: no smaller run copies by step 1000 (4.1M
+tokens), so none can tell a stall (three tried: benchmarks/history/2026-11-28_stall.md and
+2026-12-05_recipe_study.md).
+
+The argument is `MODEL/RECIPE`: `MODEL` one of `quality_medium.VARIANTS` ("dense",
+"sigma_moe"), `RECIPE` one name of `CHANGES` or several joined by `+` (`fan_in+residual_zero`),
+each one thing changed against the recipe the stalled runs trained ("baseline":
+`quality_medium` with the N(0, 1) token embedding that was the default until the fix,
+`STUDIED`). `benchmarks/stall_sweep.py` trains them over seeds and counts the stalls.
 
     python -m benchmarks.stall_sweep --models=dense,sigma_moe --changes=baseline,fan_in --seeds=0-5
-    sparse-jax train --config=stall_medium:dense/fan_in --config.seed=1
+    sparse-jax train --config=stall_medium:dense/fan_in+residual_zero --config.seed=1
 """
+
+import math
 
 import ml_collections
 
@@ -25,6 +31,7 @@ from sparse_jax.configs import paper_training, quality_medium
 VARIANTS = quality_medium.VARIANTS
 STEPS = 1000
 SCHEDULE_STEPS = 4000  # quality_medium's: its warm-up (10%) and cosine decay.
+_D_MODEL, _N_LAYERS = 256, 4  # quality_medium's, which the changes below are sized for.
 
 
 def _authors_model() -> dict:
@@ -36,14 +43,28 @@ def _authors_model() -> dict:
 
 CHANGES = {
     "baseline": {},
-    # The token embedding's scale. N(0, 1) in the recipe studied; "fan_in" (the fix, now the
-    # default) is the same draw scaled by 1/sqrt(d_model): nothing else about the run changes.
+    # The token embedding's draw: N(0, 1/d_model) (the fix, now the default: the same draw
+    # scaled by 1/16), the sigma-MoE authors' Xavier, and scales between (0.25 and 0.5).
     "fan_in": {"model.embed_init": "fan_in"},
     "xavier": {"model.embed_init": "xavier"},
-    # The optimiser: half the peak, twice the warm-up, no clipping.
-    "lr_half": {"train.lr": 5e-4},
+    "embed_0.25": {"model.embed_init_scale": 0.25},
+    "embed_0.5": {"model.embed_init_scale": 0.5},
+    # A small draw read at N(0, 1)'s scale: Gemma's sqrt(d_model) multiplier on fan_in.
+    "multiplier": {"model.embed_init": "fan_in", "model.embed_multiplier": math.sqrt(_D_MODEL)},
+    # The residual outputs' init: GPT-2's 1/sqrt(2 n_layers), or zero (each block the identity).
+    "residual_small": {"model.residual_init_scale": 1 / math.sqrt(2 * _N_LAYERS)},
+    "residual_zero": {"model.residual_init_scale": 0.0},
+    "xl_bias": {"model.xl_bias_init_std": 0.02},
+    # The optimiser: warm-up, peak rate, clipping, Adam's beta2 and epsilon.
+    "warmup_100": {"train.warmup_steps": 100},
     "warmup_800": {"train.warmup_steps": 800},
+    "lr_half": {"train.lr": 5e-4},
+    "lr_double": {"train.lr": 2e-3},
     "no_clip": {"train.grad_clip": None},
+    "clip_1": {"train.grad_clip": 1.0},
+    "beta2_0.98": {"train.adam_b2": 0.98},
+    "beta2_0.95": {"train.adam_b2": 0.95},
+    "eps_1e-6": {"train.adam_eps": 1e-6},
     # Regularisation and the XL memory.
     "attn_dropout": {"model.attn_dropout": 0.1},
     "dropout": {"model.dropout": 0.1},
@@ -61,15 +82,31 @@ CHANGES = {
 STUDIED = {"model.embed_init": "normal"}
 
 
+def recipe_overrides(recipe: str) -> dict:
+  """The dotted overrides of a `+`-joined recipe; a ValueError names an unknown change or two
+  changes that set one field differently."""
+  overrides = {}
+  for change in recipe.split("+"):
+    if change not in CHANGES:
+      raise ValueError(f"stall_medium.py: unknown change {change!r} in recipe {recipe!r}; "
+                       f"changes: {tuple(CHANGES)}.")
+    clash = {k for k, v in CHANGES[change].items() if overrides.get(k, v) != v}
+    if clash:
+      raise ValueError(f"stall_medium.py: recipe {recipe!r} sets {sorted(clash)} twice.")
+    overrides.update(CHANGES[change])
+  return overrides
+
+
 def get_config(arg: str = "dense/baseline"):
-  model, _, change = arg.partition("/")
-  if model not in quality_medium.VARIANTS or change not in CHANGES:
-    raise ValueError(f"stall_medium.py:MODEL/CHANGE needs MODEL one of "
-                     f"{quality_medium.VARIANTS} and CHANGE one of {tuple(CHANGES)}; got {arg!r}.")
+  model, _, recipe = arg.partition("/")
+  if model not in VARIANTS or not recipe:
+    raise ValueError(f"stall_medium.py:MODEL/RECIPE needs MODEL one of {VARIANTS} and RECIPE "
+                     f"one of {tuple(CHANGES)} or several joined by '+'; got {arg!r}.")
+  overrides = recipe_overrides(recipe)
   config = quality_medium.get_config(model)
   config.train.update(steps=STEPS, schedule_steps=SCHEDULE_STEPS,
                       warmup_steps=SCHEDULE_STEPS // 10, eval_every=250, ckpt_every=250)
   config.eval.update(max_batches=20, copy_rows=16)  # The stall warning as in quality_medium:
   config.eval.copy_stall_window = SCHEDULE_STEPS // 10  # judged over the warm-up's length.
-  config.update_from_flattened_dict({**STUDIED, **CHANGES[change]})
+  config.update_from_flattened_dict({**STUDIED, **overrides})
   return config
