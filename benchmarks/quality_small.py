@@ -36,7 +36,8 @@ import time
 
 from benchmarks import prose_corpus
 from benchmarks.machine import machine_info, write_result
-from sparse_jax.configs import quality_medium, quality_small, stall_medium, wt103_s_embedded
+from sparse_jax.configs import (default, default_dense, quality_medium, quality_small,
+                                stall_medium, wt103_s_embedded)
 from sparse_jax.data.datasets import prepared_builder
 from sparse_jax.models.accounting import model_report
 from sparse_jax.tasks.runs import train_to_completion
@@ -63,7 +64,10 @@ CONFIGS = {"quality_small": tuple(SMALL_VARIANTS), "quality_medium": quality_med
            "wt103_s_embedded": wt103_s_embedded.VARIANTS,
            # One change a run here; stall_medium's get_config also takes `+`-joined recipes.
            "stall_medium": tuple(f"{model}/{change}" for model in quality_medium.VARIANTS
-                                 for change in stall_medium.CHANGES)}
+                                 for change in stall_medium.CHANGES),
+           # `python train.py`'s run (or its dense twin's) under stall_medium's recipes.
+           "default": tuple(f"{model}/{change}" for model in quality_medium.VARIANTS
+                            for change in stall_medium.CHANGES)}
 CORPORA = ("builtin", "prose")
 # What each corpus's runs record as `corpus_id`; runs recorded on another id are superseded.
 CORPUS_IDS = {"builtin": "builtin", "prose": prose_corpus.CORPUS_ID}
@@ -78,6 +82,10 @@ def variant_config(config_name: str, variant: str, overrides: dict | None = None
     config = quality_medium.get_config(variant)
   elif config_name == "stall_medium":
     config = stall_medium.get_config(variant)
+  elif config_name == "default":
+    model, _, recipe = variant.partition("/")
+    config = default.get_config() if model == "sigma_moe" else default_dense.get_config()
+    stall_medium.apply_recipe(config, recipe)
   elif config_name == "wt103_s_embedded":
     config = wt103_s_embedded.get_config(variant)
   else:

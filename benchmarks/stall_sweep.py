@@ -5,12 +5,16 @@
     python -m benchmarks.stall_sweep --models=dense --changes=baseline,fan_in --seeds=2 --corpus=prose
     python -m benchmarks.stall_sweep --models=dense,sigma_moe \
         --changes=fan_in,fan_in+residual_zero --seeds=0-7
+    python -m benchmarks.stall_sweep --probe=default --models=sigma_moe \
+        --changes=baseline,fan_in,fan_in+residual_zero --seeds=0
 
 Trains each (model, recipe, seed) of the probe, `stall_medium`
 (`sparse_jax/configs/stall_medium.py`, `quality_medium`'s first 1000 steps; a recipe is one of
 its changes or several joined with `+`), on `--corpus` (`builtin`, or `prose`) through
 `benchmarks.quality_small.run` (a finished run is read back, an interrupted one resumes; runs
-live in `WORKDIR/stall_medium/<corpus id>/<model>/<recipe>/seed<N>`), `--jobs` runs at a time. A run
+live in `WORKDIR/<probe>/<corpus id>/<model>/<recipe>/seed<N>`), `--jobs` runs at a time;
+`--probe=default` trains `python train.py`'s run instead (the embedded default or its dense
+twin, 400 steps) under each recipe, to see what a recipe does to a new user's first run. A run
 *stalled* when the probe's criterion (`criterion`) holds at one of its evaluations: the
 training's stall rule (`sparse_jax.tasks.copy_score.StallRule`, the warning users see) with the
 probe's warm-up as its start and window whatever the change does to the warm-up, so every change
@@ -31,7 +35,9 @@ from sparse_jax.configs import stall_medium
 from sparse_jax.tasks import copy_score
 from sparse_jax.training.metrics_log import latest_records, read_metrics
 
-PROBE = "stall_medium"
+# Where each `--probe`'s runs are recorded: `stall_medium`, or `python train.py`'s own run
+# (`default`: the embedded default, 400 steps, too short to be judged) under each recipe.
+OUTS = {"stall_medium": "benchmarks/stall_sweep.json", "default": "benchmarks/recipe_default.json"}
 
 
 def criterion() -> copy_score.StallRule:
@@ -58,10 +64,10 @@ def stalled_at(evals: list[dict]) -> int | None:
   return detector.fired_at
 
 
-def train_one(corpus: str, variant: str, seed: int, root: str) -> dict:
+def train_one(probe: str, corpus: str, variant: str, seed: int, root: str) -> dict:
   """One run (`quality_small.run`) with its evaluations, where it stalled and whether."""
-  result = dict(quality_small.run(PROBE, corpus, variant, seed, None, root))
-  folder = quality_small.run_folder(root, PROBE, corpus, variant, seed)
+  result = dict(quality_small.run(probe, corpus, variant, seed, None, root))
+  folder = quality_small.run_folder(root, probe, corpus, variant, seed)
   result["evaluations"] = evaluations(folder)
   result["stalled_at"] = stalled_at(result["evaluations"])
   result["model"], _, result["recipe"] = variant.partition("/")
@@ -124,8 +130,7 @@ def alarms(runs: list[dict]) -> dict:
                            if r["stalled"] and not r["warned"])}
 
 
-def format_table(rows: list[dict]) -> str:
-  steps = stall_medium.STEPS
+def format_table(rows: list[dict], steps: int = stall_medium.STEPS) -> str:
   lines = [f"| corpus | model/change | stalled / runs | stalled seeds | bpb at step "
            f"{steps} | bpb, runs that did not stall | copy ratio |",
            "|---|---|---:|---|---:|---:|---:|"]
@@ -166,8 +171,10 @@ def main(argv=None) -> dict:
   parser.add_argument("--jobs", type=int, default=1, help="runs trained at a time")
   parser.add_argument("--workdir", default="runs/quality",
                       help="where runs go; a finished run found there is not redone")
-  parser.add_argument("--out", default="benchmarks/stall_sweep.json")
+  parser.add_argument("--probe", default="stall_medium", choices=sorted(OUTS))
+  parser.add_argument("--out", default=None, help=f"default: {OUTS}")
   args = parser.parse_args(argv)
+  args.out = args.out or OUTS[args.probe]
   models = quality_small.names(args.models, stall_medium.VARIANTS, "models")
   changes = _recipes(args.changes)
   runs = {}
@@ -182,15 +189,16 @@ def main(argv=None) -> dict:
   todo = [(args.corpus, f"{m}/{c}", s) for m in models for c in changes
           for s in parse_seeds(args.seeds) if (args.corpus, f"{m}/{c}", s) not in runs]
   if args.jobs > 1 and todo:
-    quality_small.prepare_corpora(PROBE, [args.corpus], args.workdir)
-  calls = [(*key, args.workdir) for key in todo]
-  for (corpus, variant, seed, _), result in quality_small.in_processes(train_one, calls,
+    quality_small.prepare_corpora(args.probe, [args.corpus], args.workdir)
+  calls = [(args.probe, *key, args.workdir) for key in todo]
+  for (_, corpus, variant, seed, _), result in quality_small.in_processes(train_one, calls,
                                                                            args.jobs):
     runs[corpus, variant, seed] = result
     print(f"{corpus} {variant} seed {seed}: stalled at {result['stalled_at']}", flush=True)
     write_result(recorded(), args.out)
   result = recorded()
-  print(format_table(result["summary"]))
+  steps = quality_small.variant_config(args.probe, "dense/baseline").train.steps
+  print(format_table(result["summary"], steps))
   print(format_paired(result["paired"]))
   print(f"stall warning against the criterion over {result['alarms']['runs']} runs: false "
         f"alarms {result['alarms']['false']}, missed {result['alarms']['missed']}")

@@ -173,3 +173,26 @@ def test_the_probe_records_recipes_of_joined_changes(tmp_path, monkeypatch):
 def test_changes_join_into_recipes(model):
   joined = _flat(stall_medium.get_config(f"{model}/lr_half+residual_zero").to_dict())
   assert (joined["train.lr"], joined["model.residual_init_scale"]) == (5e-4, 0.0)
+
+
+def test_the_default_probe_trains_python_train_pys_run_under_each_recipe(tmp_path, monkeypatch):
+  """`--probe=default`: the embedded default (or its dense twin) as `python train.py` trains
+  it, with the recipe studied and the recipe's changes set; too short to be judged, so a
+  stalled-looking history counts as neither a stall nor, without the warning, an alarm."""
+  from sparse_jax.configs import default, default_dense
+  from sparse_jax.tasks.selection import validate_config
+  configs = []
+  train, _ = _fake_train(stalled_seeds=set())
+  monkeypatch.setattr(quality_small, "train_to_completion",
+                      lambda config, workdir: (configs.append(config), train(config, workdir))[1])
+  result = stall_sweep.main(["--probe=default", "--models=dense,sigma_moe",
+                             "--changes=fan_in+residual_zero", "--seeds=0",
+                             f"--workdir={tmp_path}", f"--out={tmp_path / 'default.json'}"])
+  for config in configs:
+    full = default.get_config() if config.model.ff.kind == "sigma_moe" else (
+        default_dense.get_config())
+    full.model.update(embed_init="fan_in", residual_init_scale=0.0)
+    assert validate_config(config).to_dict() == validate_config(full).to_dict()
+  assert {r["steps"] for r in result["runs"]} == {400}
+  assert (tmp_path / "default" / "builtin" / "dense" / "fan_in+residual_zero" / "seed0").is_dir()
+  assert result["alarms"] == {"runs": 2, "false": [], "missed": []}

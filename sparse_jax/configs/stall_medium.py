@@ -102,11 +102,15 @@ def get_config(arg: str = "dense/baseline"):
   if model not in VARIANTS or not recipe:
     raise ValueError(f"stall_medium.py:MODEL/RECIPE needs MODEL one of {VARIANTS} and RECIPE "
                      f"one of {tuple(CHANGES)} or several joined by '+'; got {arg!r}.")
-  overrides = recipe_overrides(recipe)
   config = quality_medium.get_config(model)
   config.train.update(steps=STEPS, schedule_steps=SCHEDULE_STEPS,
                       warmup_steps=SCHEDULE_STEPS // 10, eval_every=250, ckpt_every=250)
   config.eval.update(max_batches=20, copy_rows=16)  # The stall warning as in quality_medium:
   config.eval.copy_stall_window = SCHEDULE_STEPS // 10  # judged over the warm-up's length.
-  config.update_from_flattened_dict({**STUDIED, **overrides})
+  return apply_recipe(config, recipe)
+
+
+def apply_recipe(config, recipe: str):
+  """`config` with the studied recipe (`STUDIED`) and `recipe`'s changes set (in place)."""
+  config.update_from_flattened_dict({**STUDIED, **recipe_overrides(recipe)})
   return config
