@@ -3,6 +3,8 @@
     python -m benchmarks.decode [--shape=800m] [--layers=4] [--out=benchmarks/decode_cpu.json]
     python -m benchmarks.decode --shape=17b --block_only --out=benchmarks/decode_17b_cpu.json
     python -m benchmarks.decode --shape=17b --profile ...   # + each block's slowest XLA ops
+    python -m benchmarks.decode --shape=17b --tensor=8 --variants=dense,sparse_ff_qkv \
+        --out=benchmarks/decode_17b_tensor8_cpu.json         # split over 8 simulated devices
 
 Times one decoded token (batch 1, a KV cache of `--context` positions, donated and updated in
 place as a decoding loop does, float32, random weights)
@@ -22,9 +24,17 @@ Shapes (`--shape`, each field overridable by its flag):
   (42.5x).
 Inputs are sinusoidal-position models as Trax's (`model.positions`), so attention has no
 rotary rotation.
+
+With `--tensor=t` (t simulated CPU devices; issue 74) the blocks are created split over a
+`tensor` mesh of t devices (heads, FF hidden units, the sparse layers' modules and blocks) and
+timed there (the devices share the machine's cores: this checks the program, not a speed-up),
+and a second table gives, per decoded token and block, the collectives of the compiled step
+(`sparse_jax.aot.collectives`: count and bytes of each kind) and whether a one-layer LM of the
+variant decodes the same greedy tokens split as on one device (`sparse_jax.generate`).
 """
 
 import argparse
+import contextlib
 import functools
 import gc
 import json
@@ -35,15 +45,24 @@ import statistics
 import time
 
 import jax
+
+if __name__ == "__main__":  # before any JAX operation creates the CPU backend
+  jax.config.update("jax_num_cpu_devices", 8)
+
 import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+import sparse_jax
 from benchmarks import op_profile, roofline
+from sparse_jax import parallel
+from sparse_jax.aot.collectives import collectives
 from sparse_jax.layers.sparse_ff import SparseFF
 from sparse_jax.models.blocks import DecoderBlock
 from sparse_jax.models.lm import TransformerLM
 from sparse_jax.models.lm_config import validate_model_config
+from sparse_jax.models.tensor_support import check_tensor_parallel
+from sparse_jax.training.placement import Placement
 
 SHAPES = {
     "800m": dict(d_model=1024, n_heads=16, attention_sparsity=None, d_ff=4096, block_size=64),
@@ -138,11 +157,22 @@ def profile_ops(step, state, cache, x, calls: int, top: int = 12) -> list[dict]:
   return [{"op": op, "ms": ms} for op, ms in op_profile.per_op_ms(run, calls)[:top]]
 
 
+def collective_totals(hlo: str) -> dict[str, dict[str, int]]:
+  """Count and bytes of each kind of collective in a compiled program's HLO text."""
+  totals = {}
+  for c in collectives(hlo):
+    kind = totals.setdefault(c.kind, {"n": 0, "bytes": 0})
+    kind["n"] += 1
+    kind["bytes"] += c.nbytes
+  return totals
+
+
 def _timed(module: nnx.Module, decode_fn, cache, h, repeats: int,
            profile: bool = False) -> dict:
   """`decode_fn(module, cache, h) -> (y, cache)` jitted with the cache donated: median
-  seconds, the bytes it must read (`bytes_read`), XLA's FLOP count and, with `profile`, its
-  slowest operations (`profile_ops`)."""
+  seconds, the bytes it must read (`bytes_read`), XLA's FLOP count, its collectives
+  (`collective_totals`; none on one device) and, with `profile`, its slowest operations
+  (`profile_ops`)."""
   graphdef, state = nnx.split(module)
   nbytes = bytes_read(module, cache)
 
@@ -150,21 +180,31 @@ def _timed(module: nnx.Module, decode_fn, cache, h, repeats: int,
   def step(state, cache, h_b1d):
     return decode_fn(nnx.merge(graphdef, state), cache, h_b1d)
 
-  flops = xla_flops(step.lower(state, cache, h).compile())
+  compiled = step.lower(state, cache, h).compile()
   profile_cache = jax.tree.map(jnp.copy, cache) if profile else None  # `cache` is donated
   timed = {"seconds": median_seconds(step, state, cache, h, repeats), "bytes": nbytes,
-           "flops": flops}
+           "flops": xla_flops(compiled), "collectives": collective_totals(compiled.as_text())}
   if profile:
     timed["ops"] = profile_ops(step, state, profile_cache, h, repeats)
   return timed
 
 
-def time_block(cfg, context: int, repeats: int, profile: bool = False) -> dict[str, dict]:
+def build(module_class, cfg, mesh=None) -> nnx.Module:
+  """`module_class(cfg)` (random weights, seed 0) in eval mode: on the default device, or
+  created in its shardings on `mesh` (split over `tensor`), so that no device ever holds it
+  whole."""
+  make = lambda: module_class(validate_model_config(cfg), rngs=nnx.Rngs(0))
+  module = make() if mesh is None else Placement(mesh).create(make)
+  module.eval()
+  return module
+
+
+def time_block(cfg, context: int, repeats: int, profile: bool = False,
+               mesh=None) -> dict[str, dict]:
   """One block's `decode` of a token after `context` cached ones (`_timed`, profiled with
   `profile`), and its two halves alone: the attention (with its cache) and the FF (its
-  sparse decode path if any)."""
-  block = DecoderBlock(validate_model_config(cfg), rngs=nnx.Rngs(0))
-  block.eval()
+  sparse decode path if any); split over `mesh` if given (run inside `jax.set_mesh`)."""
+  block = build(DecoderBlock, cfg, mesh)
   position = jnp.int32(context)
   new_cache = lambda: block.attn.init_cache(1, context + 1, jnp.float32)
   h = jax.random.normal(jax.random.key(0), (1, 1, cfg.d_model))
@@ -177,10 +217,10 @@ def time_block(cfg, context: int, repeats: int, profile: bool = False) -> dict[s
       "ff": _timed(block.ff, lambda m, c, x: (ff_decode(m, x), c), (), h, repeats)}
 
 
-def time_model(cfg, context: int, repeats: int) -> float:
-  """Median seconds of the whole model's `decode_step` after `context` cached tokens."""
-  lm = TransformerLM(cfg, rngs=nnx.Rngs(0))
-  lm.eval()
+def time_model(cfg, context: int, repeats: int, mesh=None) -> float:
+  """Median seconds of the whole model's `decode_step` after `context` cached tokens (split
+  over `mesh` if given, run inside `jax.set_mesh`)."""
+  lm = build(TransformerLM, cfg, mesh)
   graphdef, state = nnx.split(lm)
   cache = lm.init_cache(1, context + 1)
 
@@ -190,6 +230,20 @@ def time_model(cfg, context: int, repeats: int) -> float:
 
   return median_seconds(step, state, cache, jnp.zeros((1, 1), jnp.int32), repeats,
                         reset=lambda cache: {**cache, "position": jnp.int32(context)})
+
+
+def same_tokens(variant: str, shape: dict, mesh, n_tokens: int = 4) -> bool:
+  """Whether a one-layer LM of `variant` at `shape` (random weights) decodes the same greedy
+  tokens after a 2-token prompt split over `mesh` as on one device (each model built and
+  freed in turn: at the 17B shape one holds about 5 GB)."""
+  cfg, prompt = model_config(variant, shape, 1), jnp.array([[1, 2]], jnp.int32)
+  one = sparse_jax.generate(build(TransformerLM, cfg), prompt, n_tokens, temperature=0.0)
+  gc.collect()
+  with jax.set_mesh(mesh):
+    split = sparse_jax.generate(build(TransformerLM, cfg, mesh), prompt, n_tokens,
+                                temperature=0.0)
+  gc.collect()
+  return bool((one == split).all())
 
 
 def peak_rss_gib() -> float:
@@ -214,17 +268,43 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help="Array size of the bandwidth measurement the bounds use.")
   parser.add_argument("--profile", action="store_true",
                       help="Also profile each block's decode: its slowest XLA operations.")
+  parser.add_argument("--tensor", type=int, default=1,
+                      help="Split the blocks over a tensor mesh of this many CPU devices.")
+  parser.add_argument("--variants", default=",".join(VARIANTS),
+                      help=f"Comma-separated subset of {list(VARIANTS)}, dense included.")
   parser.add_argument("--out", default="benchmarks/decode_cpu.json")
   args = parser.parse_args(argv)
   args.block_only = args.block_only or args.shape == "17b"
   args.repeats = args.repeats or (10 if args.shape == "17b" else 50)
+  requested = args.variants.split(",")
+  if "dense" not in requested or not set(requested) <= set(VARIANTS):
+    parser.error(f"--variants must name dense and others of {list(VARIANTS)}; got "
+                 f"{args.variants!r}.")
+  args.variants = [v for v in VARIANTS if v in requested]
+  if not 1 <= args.tensor <= jax.device_count():
+    parser.error(f"--tensor must be in [1, {jax.device_count()}] (the CPU devices); got "
+                 f"{args.tensor}.")
   return args
 
 
-def measure(variant: str, args: argparse.Namespace, shape: dict, peaks: dict) -> dict:
+def measure(variant: str, args: argparse.Namespace, shape: dict, peaks: dict,
+            mesh=None) -> dict:
+  """One variant's row: its block's times, bounds and collectives (split over `mesh` if
+  given), the whole model's time unless `--block_only`, and with `mesh` whether it decodes
+  the same tokens (`same_tokens`)."""
   cfg = model_config(variant, shape, args.layers, args.d_lowrank)
+  check_tensor_parallel(validate_model_config(cfg), args.tensor)
   row = {"variant": variant, "d_ff": cfg.ff.d_ff}
-  for part, timed in time_block(cfg, args.context, args.repeats, args.profile).items():
+  with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+    parts = time_block(cfg, args.context, args.repeats, args.profile, mesh)
+    gc.collect()
+    if not args.block_only:
+      row["model_ms"] = 1000 * time_model(cfg, args.context, args.repeats, mesh)
+      gc.collect()
+  if mesh is not None:
+    row["same_tokens"] = same_tokens(variant, shape, mesh)
+  for part, timed in parts.items():
+    row[f"{part}_collectives"] = timed["collectives"]
     if "ops" in timed:
       row["block_ops"] = timed["ops"]
     bytes_ms = 1000 * timed["bytes"] / (peaks["read_gb_s"] * 1e9)
@@ -235,10 +315,6 @@ def measure(variant: str, args: argparse.Namespace, shape: dict, peaks: dict) ->
                 f"{prefix}flops_bound_ms": flops_ms})
     row[f"{prefix}x_bytes_bound"] = row[f"{part}_ms"] / bytes_ms
     row[f"{prefix}x_roofline"] = row[f"{part}_ms"] / max(bytes_ms, flops_ms)
-  gc.collect()
-  if not args.block_only:
-    row["model_ms"] = 1000 * time_model(cfg, args.context, args.repeats)
-    gc.collect()
   row["peak_rss_gib"] = peak_rss_gib()
   return row
 
@@ -266,6 +342,23 @@ def print_table(rows: list[dict], paper: dict | None) -> None:
     print(line)
 
 
+def print_collectives(rows: list[dict], tensor: int) -> None:
+  """Per decoded token and block: count / KiB of each kind of collective (AR all-reduce, AG
+  all-gather, CP collective-permute), the total, and whether the LM decodes the same tokens
+  split as on one device."""
+  kinds = {"all-reduce": "AR", "all-gather": "AG", "collective-permute": "CP"}
+  print(f"per token and block on tensor={tensor}: count / KiB of the arrays")
+  print(f"{'variant':<14} " + " ".join(f"{k:>10}" for k in kinds.values())
+        + f" {'total KiB':>10} {'same tokens':>12}")
+  for r in rows:
+    found = r["block_collectives"]
+    cells = [f"{found[k]['n']} / {found[k]['bytes'] / 1024:.1f}" if k in found else "-"
+             for k in kinds]
+    total = sum(c["bytes"] for c in found.values()) / 1024
+    print(f"{r['variant']:<14} " + " ".join(f"{c:>10}" for c in cells)
+          + f" {total:>10.1f} {str(r['same_tokens']):>12}")
+
+
 def print_profiles(rows: list[dict]) -> None:
   """Each profiled block's slowest operations, ms per call (names as in the compiled HLO)."""
   for r in rows:
@@ -280,9 +373,12 @@ def main(argv=None) -> dict:
   peaks = roofline.measured_peaks(mib=args.bandwidth_mib)
   print(f"measured: read {peaks['read_gb_s']:.1f} GB/s, copy {peaks['copy_gb_s']:.1f} GB/s, "
         f"f32 matmul {peaks['matmul_gflop_s']:.1f} GFLOP/s")
-  rows = [measure(name, args, shape, peaks) for name in VARIANTS]
+  mesh = parallel.make_mesh((1, 1, 1, args.tensor)) if args.tensor > 1 else None
+  rows = [measure(name, args, shape, peaks, mesh) for name in args.variants]
   paper = PAPER_BLOCK_MS[args.shape] if shape == SHAPES[args.shape] else None
   print_table(rows, paper)
+  if mesh is not None:
+    print_collectives(rows, args.tensor)
   print_profiles(rows)
   result = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, "
                        f"{jax.default_backend()}", "jax": jax.__version__, **vars(args),

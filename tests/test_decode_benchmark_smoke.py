@@ -26,6 +26,29 @@ def test_decode_benchmark_writes_its_table(tmp_path, monkeypatch, capsys):
   assert "sparse_ff_qkv" in capsys.readouterr().out
 
 
+def test_decode_benchmark_on_a_tensor_mesh_counts_collectives_and_checks_tokens(tmp_path,
+                                                                                capsys):
+  """--tensor=2: the blocks split over 2 simulated devices; per token and block, the dense
+  block all-reduces the attention's and the FF's partial outputs, `d_model` floats each, the
+  sparse FF + QKV block all-gathers its heads (no output layer), all-reduces the FF's and
+  exchanges neighbouring modules; each also all-reduces one scalar (the cache write waits
+  for the attention's first output element, `causal_attention.index_after`). Both variants
+  decode the same tokens as one device."""
+  out = tmp_path / "decode_tensor.json"
+  decode.main(["--d_model=32", "--n_heads=4", "--d_ff=256", "--block_size=16", "--layers=1",
+               "--context=4", "--repeats=2", "--bandwidth_mib=4", "--tensor=2",
+               "--variants=dense,sparse_ff_qkv", f"--out={out}"])
+  rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
+  assert sorted(rows) == ["dense", "sparse_ff_qkv"]
+  assert all(r["same_tokens"] for r in rows.values())
+  found = rows["sparse_ff_qkv"]["block_collectives"]
+  assert found["all-gather"] == {"n": 1, "bytes": 32 * 4}
+  assert found["all-reduce"] == {"n": 2, "bytes": 32 * 4 + 4}
+  assert found["collective-permute"]["n"] > 0
+  assert rows["dense"]["block_collectives"] == {"all-reduce": {"n": 3, "bytes": 2 * 32 * 4 + 4}}
+  assert "same tokens" in capsys.readouterr().out
+
+
 def test_bytes_read_counts_weights_once_chosen_ff_units_and_the_cache():
   """Written out from the layers' shapes: a dense block reads Q, K, V, O (4 d^2), two
   LayerNorms (4 d), the FF (2 d d_ff + d_ff + d) and the K, V cache (2 (context + 1) d); a
