@@ -253,7 +253,7 @@ def table(rows: list[dict], largest: list[dict]) -> str:
               f"{memory.verdict(r['peak_gib'] * memory.GIB, r['device_gib'] * memory.GIB)}")
     elif r["fits"] is False:
       needs = r.get("libtpu_required_gib")
-      used = f"| | {needs if needs is not None else ''} | does not fit (libtpu)"
+      used = f"{'' if needs is None else needs} (libtpu's figure) | | | does not fit"
     else:
       used = f"| | | error: {r['error'][:100]}"
     lines.append(f"| {r['model']} | {r['target']} | {r['mesh']} | {r['n_layers']} | "
