@@ -2,13 +2,14 @@
 
     python -m benchmarks.tensor_parallel_collectives [--batch=8] [--seq_len=128]
         [--d_model=256] [--n_heads=8] [--d_ff=1024] [--n_experts=16] [--expert_size=64]
-        [--block_size=32] [--tensors=1,2,4]
+        [--block_size=32] [--attention_experts=4] [--tensors=1,2,4]
         [--out=benchmarks/tensor_parallel_collectives_cpu.json]
 
-The training step of the dense and of the sigma-MoE LM (Transformer-XL attention with a memory
-of `seq_len`, float32, the XLA paths), and of Scaling Transformers' LM (sparse FF of `d_ff`
-in blocks of `block_size`, sparse QKV attention with one module per head, no memory), is
-compiled, not run, on simulated CPU meshes of
+The training steps of the dense and of the sigma-MoE LM (Transformer-XL attention with a
+memory of `seq_len`, float32, the XLA paths), of Scaling Transformers' LM (sparse FF of `d_ff`
+in blocks of `block_size`, sparse QKV attention with one module per head, no memory) and of
+the SwitchHead LM (`attention_experts` V and O experts per head, 2 active, no memory; the
+sigma-MoE FF) are compiled, not run, on simulated CPU meshes of
 `tensor` = 1, 2, 4 devices alone (so every collective is over `tensor`), with 1 and with 2
 layers. `sparse_jax.aot.collectives` reads every all-reduce / all-gather / reduce-scatter
 from each compiled program; one layer's share is the 2-layer step's minus the 1-layer
@@ -40,7 +41,7 @@ from sparse_jax.tasks import task_for
 from sparse_jax.training.compile_only import trace_train_step
 from sparse_jax.training.placement import Placement
 
-MODELS = ("dense", "sigma_moe", "sparse_ff_qkv")
+MODELS = ("dense", "sigma_moe", "sparse_ff_qkv", "switchhead")
 COUNTED = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 
@@ -56,9 +57,12 @@ def model_config(kind: str, n_layers: int, tensor: int, args):
   elif kind == "sparse_ff_qkv":
     config.model.ff = {"kind": "sparse_ff", "d_ff": args.d_ff, "block_size": args.block_size}
     config.model.update(attention="sparse_qkv", mem_len=0)
-  else:
+  else:  # sigma_moe, and switchhead with the same FF
     config.model.ff.update(n_experts=args.n_experts, expert_size=args.expert_size, k=2,
                            expert_dropout=0.0)
+  if kind == "switchhead":
+    config.model.update(attention="switchhead", attention_experts=args.attention_experts,
+                        attention_k=2, mem_len=0)
   config.mesh = {"data": 1, "tensor": tensor}
   return config
 
@@ -138,6 +142,7 @@ def main(argv=None) -> dict:
   parser.add_argument("--n_experts", type=int, default=16)
   parser.add_argument("--expert_size", type=int, default=64)
   parser.add_argument("--block_size", type=int, default=32)
+  parser.add_argument("--attention_experts", type=int, default=4)
   parser.add_argument("--tensors", default="1,2,4")
   parser.add_argument("--out", default="benchmarks/tensor_parallel_collectives_cpu.json")
   args = parser.parse_args(argv)

@@ -43,8 +43,9 @@ The logical axes (`LOGICAL_AXES`):
   the classification head's hidden layer.
 - `lowrank`: the rank of the sparse feed-forward's controller.
 - `vocab`: rows of an embedding table (tokens, positions, token types) and output logits.
-- `heads`: attention heads (the sparse QKV layer's modules); in a projection that keeps heads
-  and their channels in one flattened dimension (`nnx.Linear`), that dimension.
+- `heads`: attention heads (the sparse QKV layer's modules; SwitchHead's expert rows
+  `h * E + e`); in a projection that keeps heads and their channels in one flattened
+  dimension (`nnx.Linear`), that dimension.
 - `head_dim`: the channels of one head (one module of the sparse QKV layer).
 - `memory`: cells of a learned memory: PKM sub-keys and values, SPARTAN parents and children.
 - `classes`, `conv`, `key_half`: a classifier's outputs, a convolution's filter taps, the two

@@ -1,6 +1,6 @@
-"""benchmarks/tensor_parallel_collectives.py compiles the dense, sigma-MoE and sparse FF + QKV
-training steps on a simulated tensor=2 mesh at toy sizes and counts their collectives per
-layer."""
+"""benchmarks/tensor_parallel_collectives.py compiles the dense, sigma-MoE, sparse FF + QKV and
+SwitchHead training steps on a simulated tensor=2 mesh at toy sizes and counts their
+collectives per layer."""
 
 import json
 
@@ -29,4 +29,9 @@ def test_collectives_benchmark_writes_its_table(tmp_path, capsys):
   assert sparse["all-gather fwd n"] == 1 and sparse["all-gather fwd bytes"] == activation
   assert sparse["all-reduce fwd n"] == 1 and sparse["all-reduce fwd bytes"] == activation
   assert sparse["collective-permute fwd n"] > 0
+  # SwitchHead: Megatron's forward too (the O experts' partial sums over each device's heads,
+  # then the FF's), its experts never gathered.
+  switchhead = rows["switchhead"]["layer"]
+  assert switchhead["all-reduce fwd n"] == 2
+  assert switchhead["all-reduce fwd bytes"] == 2 * activation
   assert "sparse_ff_qkv" in capsys.readouterr().out

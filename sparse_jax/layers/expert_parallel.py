@@ -337,6 +337,46 @@ def token_parallel_cvmm(x: jax.Array, sel_nk: jax.Array, w_eml: jax.Array,
   return mapped(x, sel_nk, w_eml, gates_nk)
 
 
+def head_parallel(per_heads: Callable, x: jax.Array, x_axes: tuple[str | None, ...],
+                  gates_bthk: jax.Array, sel_bthk: jax.Array, w_rml: jax.Array, *, impl: str,
+                  sum_heads: bool) -> jax.Array:
+  """`per_heads(x, gates, sel, w, cvmm=...)`, SwitchHead's expert projection for the heads of
+  `gates`/`sel` `[B, T, H, K]` and their experts, rows `h * E + e` of `w_rml`, with the heads
+  split over the ambient mesh's `tensor` axis (`x_axes`: the logical axes of `x`).
+
+  XLA's partitioner gathered every device's experts to run the grouped matmul (weights
+  moved each step); here each device runs its `H / t` heads' experts on its tokens inside
+  `shard_map` (Megatron's split by head): the value projection's output stays split by head
+  for the attention (`sum_heads=False`), the output projection's partial sums over the
+  device's heads are added with one `psum` over `tensor` (`sum_heads=True`), whose transpose,
+  with the marks below, all-reduces the input gradient of the values' input. Only the impls
+  XLA can partition run here (`check_tensor_kernel`).
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  check_tensor_kernel(pallas_kernels.resolve(impl, x.dtype, w_rml.shape), mesh)
+  batch_axes = parallel.mesh_axes("batch", mesh)
+  only = batch_axes + (parallel.TENSOR,)
+  spec = lambda axes: parallel.partition_spec(axes, mesh=mesh, only=only)
+  slots = spec(("batch", None, "heads", None))
+  x_split_by_head = "heads" in x_axes
+
+  def body(x, gates_bthk, sel_bthk, w_rml):
+    # Same weights on every device of the batch axes, same `x` on every device of `tensor`
+    # (when it is not split by head): marked varying, the transpose sums their gradients.
+    w_rml = jax.lax.pcast(w_rml, batch_axes, to="varying")
+    if not x_split_by_head:
+      x = jax.lax.pcast(x, parallel.TENSOR, to="varying")
+    y = per_heads(x, gates_bthk, sel_bthk, w_rml,
+                  cvmm=functools.partial(pallas_kernels.cvmm, impl=impl))
+    return _sum_over_tensor(y) if sum_heads else y
+
+  out = spec(("batch", None, None)) if sum_heads else slots
+  # A device holds its heads' experts whole (fsdp, if any, gathered at the map's edge).
+  experts = parallel.partition_spec(("heads", None, None), mesh=mesh, only=(parallel.TENSOR,))
+  mapped = jax.shard_map(body, in_specs=(spec(x_axes), slots, slots, experts), out_specs=out)
+  return mapped(x, gates_bthk, sel_bthk, w_rml)
+
+
 def apply_experts(x_nd: jax.Array, sel_nk: jax.Array, gates_nk: jax.Array,
                   w_up_edg: jax.Array, w_down_egd: jax.Array, *, impl: str = "auto",
                   dropout_rate: float = 0.0, dropout_key: jax.Array | None = None,

@@ -51,11 +51,22 @@ one row per token for all its slots or one row per slot, so each head's output i
 K times (`[N, H*K, Dh]`, slot `h*K + j` reads head h) and the gated reduction over all `H*K`
 slots gives `[N, d]`.
 
+Tensor parallelism (`mesh.tensor` = t, dividing H): split by head, as Megatron splits dense
+attention. Q, K (and the XL form's `W_pos`) are split by XLA's partitioner; the V and O
+experts (rows `h * E + e`, so whole heads' experts per device) run inside `shard_map`
+(`expert_parallel.head_parallel`: left to the partitioner, the grouped matmul gathered every
+device's experts each step): each device computes its heads' values, attends with them, and
+one `psum` over `tensor` adds the O projection's partial sums over heads. The routers are
+replicated: split by head, each router's input gradient would be all-reduced (`B x T x d`, 2
+more per layer), where replicated only its logits' gradient is gathered (`B x T x H E`) and
+XLA all-gathers its Adam update (`H E x d`, the weights' size, not the tokens').
+
 Decoding keeps the rotated keys and the post-expert values in a head-major cache
 `[B, H, max_len, Dh]` (`causal_attention.init_kv_cache`); routing is per token, so one step
 equals the full forward on the prefix.
 """
 
+import functools
 import math
 
 import jax
@@ -64,9 +75,9 @@ from flax import nnx
 
 from pallas_kernels import backends
 from pallas_kernels.xl_attention import use_fused
-from sparse_jax import validation
+from sparse_jax import parallel, validation
 from sparse_jax.layers import initializers
-from sparse_jax.layers.expert_parallel import token_parallel_cvmm
+from sparse_jax.layers.expert_parallel import head_parallel, token_parallel_cvmm
 from sparse_jax.layers.causal_attention import attend_cached, attend_causal, init_kv_cache
 from sparse_jax.layers.cudnn_attention import check_core
 from sparse_jax.layers.precision import f32_einsum
@@ -74,6 +85,40 @@ from sparse_jax.layers.rotary import apply_partial_rotary, rotated_channels
 from sparse_jax.layers.xl_attention import attend_relative, sinusoid_embedding
 
 POSITIONS = ("rope", "none")
+
+
+def expert_rows(sel_bthk: jax.Array, n_rows: int) -> jax.Array:
+  """Head-local expert ids `[B, T, H, K]` -> rows `h * E + e` of expert weights holding the
+  `n_rows = H * E` experts of these H heads."""
+  n_experts = n_rows // sel_bthk.shape[2]
+  offsets_h1 = (jnp.arange(sel_bthk.shape[2], dtype=jnp.int32) * n_experts)[:, None]
+  return sel_bthk + offsets_h1
+
+
+def expert_values(v_btd: jax.Array, gates_bthk: jax.Array, sel_bthk: jax.Array,
+                  w_v_rdc: jax.Array, *, cvmm) -> jax.Array:
+  """`V_h = sum_k s_k v W_v[h, e_k]` -> `[B, T, H, Dh]` for the H heads of `gates`/`sel`
+  (`w_v_rdc` their `H * E` experts): one `cvmm` over (token, head) rows."""
+  b, t, d = v_btd.shape
+  h, kk = sel_bthk.shape[2:]
+  rows_nd = jnp.broadcast_to(v_btd[:, :, None, :], (b, t, h, d)).reshape(b * t * h, d)
+  v_nc = cvmm(rows_nd, expert_rows(sel_bthk, w_v_rdc.shape[0]).reshape(b * t * h, kk),
+              w_v_rdc, gates_bthk.reshape(b * t * h, kk).astype(v_btd.dtype))
+  return v_nc.reshape(b, t, h, w_v_rdc.shape[2])
+
+
+def expert_output(out_bthc: jax.Array, gates_bthk: jax.Array, sel_bthk: jax.Array,
+                  w_o_rcd: jax.Array, *, cvmm) -> jax.Array:
+  """`y = sum_h sum_k s_{h,k} A_h W_o[h, e_k]` -> `[B, T, d]` over the H heads of `out_bthc`
+  (`w_o_rcd` their `H * E` experts): one `cvmm` over all `H * K` slots, each head's output
+  repeated K times (slot `h * K + j` reads head h)."""
+  b, t, h, c = out_bthc.shape
+  kk = sel_bthk.shape[3]
+  n = b * t
+  slots_nsc = jnp.repeat(out_bthc.reshape(n, h, c), kk, axis=1)
+  y_nd = cvmm(slots_nsc, expert_rows(sel_bthk, w_o_rcd.shape[0]).reshape(n, h * kk), w_o_rcd,
+              gates_bthk.reshape(n, h * kk).astype(out_bthc.dtype))
+  return y_nd.reshape(b, t, w_o_rcd.shape[2])
 
 
 def renorm_rows(w_ed: jax.Array) -> jax.Array:
@@ -130,7 +175,8 @@ class SwitchHeadAttention(nnx.Module):
                                     logical_axes=("embed", "heads", "head_dim"))
                           for _ in range(2))
     # The H*E expert rows are laid out as heads (not `experts`): this layer is not
-    # expert-parallel, so its experts are never split over the `expert` mesh axis.
+    # expert-parallel, so its experts are never split over the `expert` mesh axis; `tensor`
+    # splits them with their heads.
     self.w_v = nnx.Param(in_init(rngs.params(), (n_rows, d_model, head_dim)),
                          logical_axes=("heads", "embed", "head_dim"))
     self.w_o = nnx.Param(out_init(rngs.params(), (n_rows, head_dim, d_model)),
@@ -152,11 +198,6 @@ class SwitchHeadAttention(nnx.Module):
     gates_bthk, sel_bthk = jax.lax.top_k(jax.nn.sigmoid(logits_bthe), self.k)
     return gates_bthk, sel_bthk.astype(jnp.int32), logits_bthe
 
-  def _global_ids(self, sel_bthk: jax.Array) -> jax.Array:
-    """Head-local expert ids -> rows `h * E + e` of the `[H*E, ...]` expert weights."""
-    offsets_h1 = (jnp.arange(self.n_heads, dtype=jnp.int32) * self.n_experts)[:, None]
-    return sel_bthk + offsets_h1
-
   def _rotate(self, x_bthc: jax.Array, positions_t: jax.Array) -> jax.Array:
     if self.positions == "none":
       return x_bthc
@@ -169,25 +210,27 @@ class SwitchHeadAttention(nnx.Module):
     k_bthc = jnp.einsum("btd,dhc->bthc", x_btd, self.w_k[...].astype(dtype))
     return self._rotate(q_bthc, positions_t), self._rotate(k_bthc, positions_t)
 
+  def _experts(self, per_heads, x, x_axes, gates_bthk, sel_bthk, w: nnx.Param,
+               sum_heads: bool) -> jax.Array:
+    """`per_heads` on all heads, or on each device's heads with the heads split over the
+    ambient mesh's `tensor` axis (`expert_parallel.head_parallel`)."""
+    w_rml = w[...].astype(x.dtype)
+    mesh = jax.sharding.get_abstract_mesh()
+    if parallel.axis_size(mesh, parallel.TENSOR) > 1:
+      return head_parallel(per_heads, x, x_axes, gates_bthk, sel_bthk, w_rml, impl=self.impl,
+                           sum_heads=sum_heads)
+    return per_heads(x, gates_bthk, sel_bthk, w_rml,
+                     cvmm=functools.partial(token_parallel_cvmm, impl=self.impl))
+
   def project_v(self, v_btd: jax.Array, gates_bthk: jax.Array, sel_bthk: jax.Array):
-    """`V_h = sum_k s_k v W_v[h, e_k]` -> `[B, T, H, Dh]`: one cvmm over (token, head) rows."""
-    b, t, d = v_btd.shape
-    h, kk, dtype = self.n_heads, self.k, v_btd.dtype
-    rows_nd = jnp.broadcast_to(v_btd[:, :, None, :], (b, t, h, d)).reshape(b * t * h, d)
-    v_nc = token_parallel_cvmm(rows_nd, self._global_ids(sel_bthk).reshape(b * t * h, kk),
-                               self.w_v[...].astype(dtype),
-                               gates_bthk.reshape(b * t * h, kk).astype(dtype), impl=self.impl)
-    return v_nc.reshape(b, t, h, self.head_dim)
+    """`V_h = sum_k s_k v W_v[h, e_k]` -> `[B, T, H, Dh]` (`expert_values`)."""
+    return self._experts(expert_values, v_btd, ("batch", None, None), gates_bthk, sel_bthk,
+                         self.w_v, sum_heads=False)
 
   def project_out(self, out_bthc: jax.Array, gates_bthk: jax.Array, sel_bthk: jax.Array):
-    """`y = sum_h sum_k s_{h,k} A_h W_o[h, e_k]` -> `[B, T, d]`: one cvmm over all H*K slots."""
-    b, t, h, c = out_bthc.shape
-    n, hk, dtype = b * t, h * self.k, out_bthc.dtype
-    slots_nsc = jnp.repeat(out_bthc.reshape(n, h, c), self.k, axis=1)  # slot h*K+j: head h
-    y_nd = token_parallel_cvmm(slots_nsc, self._global_ids(sel_bthk).reshape(n, hk),
-                               self.w_o[...].astype(dtype), gates_bthk.reshape(n, hk).astype(dtype),
-                               impl=self.impl)
-    return y_nd.reshape(b, t, self.d_model)
+    """`y = sum_h sum_k s_{h,k} A_h W_o[h, e_k]` -> `[B, T, d]` (`expert_output`)."""
+    return self._experts(expert_output, out_bthc, ("batch", None, "heads", None), gates_bthk,
+                         sel_bthk, self.w_o, sum_heads=True)
 
   def _aux(self, sel_v_bthk: jax.Array, sel_o_bthk: jax.Array, v_logits_bthe: jax.Array,
            o_logits_bthe: jax.Array) -> dict[str, jax.Array]:

@@ -3,30 +3,34 @@
 Tensor parallelism (`sparse_jax.parallel`) splits attention heads, feed-forward hidden units
 and the vocabulary. What is split and tested equal to one device so far (tests/training/
 test_tensor_parallel.py for whole LMs, tests/layers/test_expert_parallel.py for every MoE
-kind's layer, tests/models/test_tensor_decoding.py for decoding): Transformer-XL, causal and
-sparse QKV attention (Scaling Transformers: by module and head, `layers.sparse_qkv_attention`)
-on their XLA paths; the dense FF, Scaling Transformers' sparse FF (by hidden unit, whole
-controller blocks per device, `layers.sparse_ff`) and the MoE kinds on the XLA grouped-matmul
-impls (their experts' columns in a `shard_map` with one `psum`, `layers.expert_parallel`),
-with `data`, `fsdp` and `expert` beside `tensor`; scanned and rematerialised layers; dense and
-tied output layers; decoding (`sparse_jax.generate(..., mesh=)`). Everything else is refused
-here, naming the field, until it is split and tested: the fused XL attention and cuDNN
-attention cores (kernels XLA cannot split by head), the GPU/TPU expert kernels, SwitchHead
-attention, the PKM and top-k FFs, MoEUT's shared layers, the multiplicative output, and the
-memory and adapter plug-ins. A split dimension must divide evenly: heads, `d_ff`,
-`expert_size` and the vocabulary by `mesh.tensor`; the sparse FF's blocks `d_ff / block_size`
-(a block's units stay on one device, where its choice is made) and the sparse QKV layer's
-modules `attention_sparsity` (S; with the heads, so module and head boundaries meet at each
-device's edge).
+kind's layer, tests/models/test_tensor_decoding.py for decoding): every attention kind on its
+XLA path (Transformer-XL and causal by head; Scaling Transformers' sparse QKV by module and
+head, `layers.sparse_qkv_attention`; SwitchHead and its XL form by head, each device running
+its heads' experts in a `shard_map`, `layers.expert_parallel.head_parallel`); the dense FF,
+Scaling Transformers' sparse FF (by hidden unit, whole controller blocks per device,
+`layers.sparse_ff`) and the MoE kinds on the XLA grouped-matmul impls (their experts' columns
+in a `shard_map` with one `psum`, `layers.expert_parallel`), with `data`, `fsdp` and `expert`
+beside `tensor`; MoEUT's shared layers (`model.layer_groups`); scanned and rematerialised
+layers; dense and tied output layers; decoding (`sparse_jax.generate(..., mesh=)`).
+Everything else is refused here, naming the field, until it is split and tested: the fused
+XL attention and cuDNN attention cores (kernels XLA cannot split by head), the GPU/TPU
+expert kernels (for the FF's experts and SwitchHead's), the PKM and top-k FFs, the
+multiplicative output, and the memory and adapter plug-ins. A split dimension must divide
+evenly: heads, `d_ff`, `expert_size` and the vocabulary by `mesh.tensor`; the sparse FF's
+blocks `d_ff / block_size` (a block's units stay on one device, where its choice is made) and
+the sparse QKV layer's modules `attention_sparsity` (S; with the heads, so module and head
+boundaries meet at each device's edge).
 """
+
 from sparse_jax import validation
 from sparse_jax.models.lm_config import LMConfig
 
 TENSOR_FF_KINDS = ("dense", "sparse_ff", "sigma_moe", "switch", "noisy_topk", "sbase",
                    "softmax_moe")
-TENSOR_ATTENTION_KINDS = ("xl", "causal", "sparse_qkv")
-# The grouped-matmul impls XLA partitions ("auto" is checked again when the layer is traced:
-# it means a GPU or TPU kernel there, `expert_parallel.check_tensor_kernel`).
+SWITCHHEAD_KINDS = ("switchhead", "switchhead_xl")
+# The grouped-matmul impls XLA partitions, for the FF's experts and SwitchHead's ("auto" is
+# checked again when the layer is traced: it means a GPU or TPU kernel there,
+# `expert_parallel.check_tensor_kernel`).
 TENSOR_FF_IMPLS = ("auto", "blocked", "ragged", "gather")
 
 
@@ -48,16 +52,15 @@ def check_tensor_parallel(model: LMConfig, tensor: int) -> None:
   ff = model.ff
   _supported(ff.kind in TENSOR_FF_KINDS, "model.ff.kind", tensor,
              f"one of {TENSOR_FF_KINDS}", ff.kind)
-  _supported(model.attention in TENSOR_ATTENTION_KINDS, "model.attention", tensor,
-             f"one of {TENSOR_ATTENTION_KINDS}", model.attention)
   _supported(model.attention_impl != "pallas", "model.attention_impl", tensor,
              "not 'pallas' (the fused XL attention)", model.attention_impl)
+  if model.attention in SWITCHHEAD_KINDS:
+    _supported(model.attention_impl in TENSOR_FF_IMPLS, "model.attention_impl", tensor,
+               f"one of {TENSOR_FF_IMPLS} with SwitchHead attention", model.attention_impl)
   _supported(model.attention_core != "cudnn", "model.attention_core", tensor,
              "not 'cudnn'", model.attention_core)
   _supported(model.loss_sparsity == 0, "model.loss_sparsity", tensor,
              "0 (a dense or tied output layer)", model.loss_sparsity)
-  _supported(model.layer_groups is None, "model.layer_groups", tensor, "None",
-             model.layer_groups)
   for plugin in ("memory", "adapters"):
     kind = getattr(model, plugin).kind
     _supported(kind == "none", f"model.{plugin}.kind", tensor, "'none'", kind)

@@ -2,8 +2,8 @@
 17B block (d_model 9216, d_ff 49152 in blocks of 256, 96 heads, S = 64) scaled down 48 times
 in width (d_model 192, d_ff 1024 in blocks of 16; 24 heads and S = 16, the 17B's 3 heads to 2
 modules, so a head straddles modules; whole blocks, modules and heads on each of 8 devices),
-dense and with sparse FF + sparse QKV at batch 1 on
-`tensor=8`, and the sparse one at batch 2 on `data=2,tensor=4` (the rows split too).
+dense and with sparse FF + sparse QKV at batch 1 on `tensor=8`, and the sparse one at batch 2
+on `data=2,tensor=4` (the rows split too); and a SwitchHead LM on `tensor=8`.
 
 Tolerances: the mesh changes only the order of float32 sums (each device's partial products
 over its heads or hidden units, then an all-reduce), so the logits agree to a few ulps of
@@ -35,11 +35,9 @@ def build(variant):
   return lm
 
 
-@pytest.mark.parametrize("variant, mesh_name", [
-    ("dense", "tensor8"), ("sparse_ff_qkv", "tensor8"), ("sparse_ff_qkv", "data2_tensor4")])
-def test_decoding_on_a_tensor_mesh_equals_one_device(variant, mesh_name):
-  shape, batch = MESHES[mesh_name]
-  lm = build(variant)
+def assert_decodes_like_one_device(lm, batch, shape):
+  """Greedy tokens of `generate` on a mesh of `shape` equal one device's, and so do the logits
+  of every position fed through the decode cache."""
   prompt = jax.random.randint(jax.random.key(1), (batch, 2), 0, 256)
   want_tokens = sparse_jax.generate(lm, prompt, 4, temperature=0.0)
   want_logits = decode_all(lm, want_tokens)
@@ -50,6 +48,13 @@ def test_decoding_on_a_tensor_mesh_equals_one_device(variant, mesh_name):
     logits = decode_all(on_mesh(lm, mesh), want_tokens)
   atol = 1e-5 * float(np.abs(want_logits).max())
   np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=atol)
+
+
+@pytest.mark.parametrize("variant, mesh_name", [
+    ("dense", "tensor8"), ("sparse_ff_qkv", "tensor8"), ("sparse_ff_qkv", "data2_tensor4")])
+def test_decoding_on_a_tensor_mesh_equals_one_device(variant, mesh_name):
+  shape, batch = MESHES[mesh_name]
+  assert_decodes_like_one_device(build(variant), batch, shape)
 
 
 def test_a_decoded_token_moves_activations_not_weights():
@@ -73,3 +78,14 @@ def test_a_decoded_token_moves_activations_not_weights():
   # Two layers: the FF's and the heads' per layer, and the embedding's vocabulary slices.
   assert sorted(kinds) == ["all-gather"] * 2 + ["all-reduce"] * 3
   assert [c.shape for c in found if c.kind == "collective-permute"] == [(1, 3, 1, 12)] * 4
+
+
+def test_switchhead_decodes_on_a_tensor_mesh_like_one_device():
+  """SwitchHead attention (8 heads, 4 V and O experts each) split by head over `tensor=8`:
+  each device runs its heads' experts (`expert_parallel.head_parallel`)."""
+  cfg = dict(vocab_size=256, d_model=64, n_layers=2, n_heads=8, mem_len=0, dropout=0.0,
+             attention="switchhead", attention_experts=4, attention_k=2,
+             ff={"kind": "dense", "d_ff": 128})
+  lm = TransformerLM(cfg, rngs=nnx.Rngs(0))
+  lm.eval()
+  assert_decodes_like_one_device(lm, 1, MESHES["tensor8"][0])

@@ -25,14 +25,21 @@ def test_the_tested_kinds_pass(config):
   config.model.update(attention="sparse_qkv", mem_len=0, n_heads=4, attention_sparsity=2)
   config.model.ff = {"kind": "sparse_ff", "d_ff": 64, "block_size": 32}
   validate_config(config)
+  config.model.update(attention="switchhead", attention_sparsity=None, attention_experts=2,
+                      attention_k=1, layer_groups=1, block_norm="peri")
+  config.model.ff = {"kind": "sigma_moe", "n_experts": 4, "expert_size": 16, "k": 2,
+                     "reg_coef": 0.001}
+  validate_config(config)
 
 
 @pytest.mark.parametrize("change, message", [
     ({"ff": {"kind": "pkm", "n_subkeys": 4, "knn": 2, "n_heads": 1}},
      r"'model.ff.kind' must be one of \('dense', 'sparse_ff', 'sigma_moe', .*\) with "
      r"mesh.tensor=2 .*not split over tensor yet.*got 'pkm'"),
-    ({"attention": "switchhead", "attention_experts": 2, "attention_k": 1},
-     r"'model.attention' must be one of \('xl', 'causal', 'sparse_qkv'\)"),
+    ({"attention": "switchhead", "mem_len": 0, "attention_experts": 2, "attention_k": 1,
+      "attention_impl": "mosaic"},
+     r"'model.attention_impl' must be one of \('auto', 'blocked', 'ragged', 'gather'\) with "
+     r"SwitchHead attention with mesh.tensor=2"),
     ({"attention_impl": "pallas", "attn_dropout": 0.0},
      r"'model.attention_impl' must be not 'pallas'"),
     ({"loss_sparsity": 4}, r"'model.loss_sparsity' must be 0"),

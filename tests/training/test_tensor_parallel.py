@@ -2,7 +2,8 @@
 CPU devices): the losses, gradient norms and parameters of 3 training steps, and the full
 gradients of the loss, for the dense and the sigma-MoE LM (Transformer-XL attention; the
 dense one with causal attention too) and Scaling Transformers' LM (sparse FF and sparse QKV
-attention) on `tensor=8`, `data=2,tensor=4` and `fsdp=2,expert=2,tensor=2` (the LMs without
+attention), the SwitchHead LM (with the sigma-MoE FF; its XL form on `data=2,tensor=4`) and
+MoEUT on `tensor=8`, `data=2,tensor=4` and `fsdp=2,expert=2,tensor=2` (the LMs without
 experts: `fsdp=2,tensor=4`), the sigma-MoE
 LM with scanned, rematerialised layers and a tied output layer on `data=2,tensor=4`; a
 checkpoint saved on `tensor=4` resumes on `data=2,tensor=2` and on one device; `tensor=4`
@@ -62,6 +63,23 @@ def sparse(config):
   config.model.ff = {"kind": "sparse_ff", "d_ff": 64, "block_size": 4}
   config.model.update(attention="sparse_qkv", mem_len=0, dropout=0.0)
   return config
+
+
+def switchhead(config, attention="switchhead"):
+  """SwitchHead attention (8 heads of 4 channels, 4 V and O experts each, 2 active) beside
+  the sigma-MoE FF: every mesh of 8 splits whole heads with their experts."""
+  config.model.update(attention=attention, attention_experts=4, attention_k=2)
+  if attention != "switchhead_xl":
+    config.model.mem_len = 0
+  return config
+
+
+def moeut(config):
+  """MoEUT (Csordas et al. 2024): one shared SwitchHead + sigma-MoE block run as both layers
+  (`layer_groups=1`), peri-LayerNorm, its routers' regularisers across the repeats."""
+  config.model.update(layer_groups=1, block_norm="peri", moeut_ff_reg=0.01,
+                      moeut_attention_reg=0.001)
+  return switchhead(config)
 
 
 def loss_and_grads(config, shape, tokens, train=False):
@@ -156,6 +174,18 @@ def test_the_sparse_ff_and_sparse_qkv_lm_on_tensor_meshes_equals_one_device(tp_c
   hard/soft choice per call from the `routing` stream: the same values on every mesh (JAX's
   partitionable threefry)."""
   assert_like_one_device(sparse(tp_config), tmp_path, DENSE_MESHES, train=True)
+
+
+def test_the_switchhead_lm_on_tensor_meshes_equals_one_device(tp_config, tmp_path):
+  assert_like_one_device(switchhead(tp_config), tmp_path, MESHES)
+
+
+def test_the_switchhead_xl_lm_on_a_tensor_mesh_equals_one_device(tp_config, tmp_path):
+  assert_like_one_device(switchhead(tp_config, "switchhead_xl"), tmp_path, MESHES[1:2])
+
+
+def test_the_moeut_lm_on_tensor_meshes_equals_one_device(tp_config, tmp_path):
+  assert_like_one_device(moeut(tp_config), tmp_path, MESHES)
 
 
 def test_saved_on_tensor_4_resumes_on_data_2_tensor_2_and_on_one_device(tp_config, tmp_path,
