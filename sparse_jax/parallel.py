@@ -122,7 +122,8 @@ class MeshConfig(schema.Schema):
     """Raises `ConfigError` naming `mesh.tensor` unless it is 1: for models that are not
     split over `tensor` yet (`what` names them)."""
     validation.require(self.tensor == 1, "mesh.tensor",
-                       f"1 with {what} (only the decoder LM is split over tensor so far)",
+                       f"1 with {what} (only the decoder LM and the RoBERTa encoder are split "
+                       "over tensor so far)",
                        self.tensor)
 
 

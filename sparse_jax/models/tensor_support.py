@@ -1,4 +1,5 @@
-"""Which decoder LMs may be split over `mesh.tensor` so far, checked with the config.
+"""Which models (decoder LMs, the RoBERTa encoder) may be split over `mesh.tensor` so far,
+checked with the config.
 
 Tensor parallelism (`sparse_jax.parallel`) splits attention heads, feed-forward hidden units
 and the vocabulary. What is split and tested equal to one device so far (tests/training/
@@ -11,19 +12,24 @@ Scaling Transformers' sparse FF (by hidden unit, whole controller blocks per dev
 `layers.sparse_ff`) and the MoE kinds on the XLA grouped-matmul impls (their experts' columns
 in a `shard_map` with one `psum`, `layers.expert_parallel`), with `data`, `fsdp` and `expert`
 beside `tensor`; MoEUT's shared layers (`model.layer_groups`); scanned and rematerialised
-layers; dense and tied output layers; decoding (`sparse_jax.generate(..., mesh=)`).
+layers; dense and tied output layers; decoding (`sparse_jax.generate(..., mesh=)`); the
+RoBERTa encoder (`models.encoder`: its attention's flattened `heads` projections around the
+decoder's XLA core `attend`, and the same FF registry), fine-tuned whole or its head
+(`tasks.classification` refuses the plug-in methods and a fine-tuned LM, naming the field).
 Everything else is refused here, naming the field, until it is split and tested: the fused
 XL attention and cuDNN attention cores (kernels XLA cannot split by head), the GPU/TPU
 expert kernels (for the FF's experts and SwitchHead's), the PKM and top-k FFs, the
 multiplicative output, and the memory and adapter plug-ins. A split dimension must divide
-evenly: heads, `d_ff`, `expert_size` and the vocabulary by `mesh.tensor`; the sparse FF's
-blocks `d_ff / block_size` (a block's units stay on one device, where its choice is made) and
-the sparse QKV layer's modules `attention_sparsity` (S; with the heads, so module and head
-boundaries meet at each device's edge).
+evenly: heads, `d_ff`, `expert_size` and the LM's vocabulary by `mesh.tensor` (the
+encoder's embedding table, read by no output layer, stays whole where it does not divide:
+roberta-base's 50265 rows); the sparse FF's blocks `d_ff / block_size` (a block's units stay
+on one device, where its choice is made) and the sparse QKV layer's modules
+`attention_sparsity` (S; with the heads, so module and head boundaries meet at each device's
+edge).
 """
 
 from sparse_jax import validation
-from sparse_jax.models.lm_config import LMConfig
+from sparse_jax.models.lm_config import LMConfig, ModelConfig
 
 TENSOR_FF_KINDS = ("dense", "sparse_ff", "sigma_moe", "switch", "noisy_topk", "sbase",
                    "softmax_moe")
@@ -44,30 +50,25 @@ def _divides(size: int, field: str, tensor: int) -> None:
                      f"divisible by mesh.tensor={tensor} (it is split over tensor)", size)
 
 
-def check_tensor_parallel(model: LMConfig, tensor: int) -> None:
-  """Raises `ConfigError` naming the field unless the typed `model` section can be split
-  `tensor` ways (module docstring); nothing to check for `tensor` 1."""
+def check_tensor_parallel(model: ModelConfig, tensor: int) -> None:
+  """Raises `ConfigError` naming the field unless the typed `model` section (a decoder LM's
+  or the encoder's) can be split `tensor` ways (module docstring); nothing to check for
+  `tensor` 1."""
   if tensor == 1:
     return
-  ff = model.ff
-  _supported(ff.kind in TENSOR_FF_KINDS, "model.ff.kind", tensor,
-             f"one of {TENSOR_FF_KINDS}", ff.kind)
-  _supported(model.attention_impl != "pallas", "model.attention_impl", tensor,
-             "not 'pallas' (the fused XL attention)", model.attention_impl)
-  if model.attention in SWITCHHEAD_KINDS:
-    _supported(model.attention_impl in TENSOR_FF_IMPLS, "model.attention_impl", tensor,
-               f"one of {TENSOR_FF_IMPLS} with SwitchHead attention", model.attention_impl)
-  _supported(model.attention_core != "cudnn", "model.attention_core", tensor,
-             "not 'cudnn'", model.attention_core)
-  _supported(model.loss_sparsity == 0, "model.loss_sparsity", tensor,
-             "0 (a dense or tied output layer)", model.loss_sparsity)
+  _check_ff(model.ff, tensor)
   for plugin in ("memory", "adapters"):
     kind = getattr(model, plugin).kind
     _supported(kind == "none", f"model.{plugin}.kind", tensor, "'none'", kind)
   _divides(model.n_heads, "model.n_heads", tensor)
-  _divides(model.vocab_size, "model.vocab_size", tensor)
-  if model.attention_sparsity is not None:
-    _divides(model.attention_sparsity, "model.attention_sparsity", tensor)
+  if isinstance(model, LMConfig):  # The encoder's attention is always `attend` on XLA.
+    _check_lm_attention_and_output(model, tensor)
+
+
+def _check_ff(ff, tensor: int) -> None:
+  """The FF slot's kind, impl and split widths (the LM's and the encoder's registry)."""
+  _supported(ff.kind in TENSOR_FF_KINDS, "model.ff.kind", tensor,
+             f"one of {TENSOR_FF_KINDS}", ff.kind)
   if ff.kind == "dense":
     _divides(ff.d_ff, "model.ff.d_ff", tensor)
   elif ff.kind == "sparse_ff":
@@ -79,3 +80,20 @@ def check_tensor_parallel(model: LMConfig, tensor: int) -> None:
     _supported(ff.impl in TENSOR_FF_IMPLS, "model.ff.impl", tensor,
                f"one of {TENSOR_FF_IMPLS}", ff.impl)
     _divides(ff.expert_size, "model.ff.expert_size", tensor)
+
+
+def _check_lm_attention_and_output(model: LMConfig, tensor: int) -> None:
+  """The decoder LM's attention kinds, cores and sparse QKV modules; its output layer and
+  vocabulary (split in the loss, which never gathers whole logits)."""
+  _supported(model.attention_impl != "pallas", "model.attention_impl", tensor,
+             "not 'pallas' (the fused XL attention)", model.attention_impl)
+  if model.attention in SWITCHHEAD_KINDS:
+    _supported(model.attention_impl in TENSOR_FF_IMPLS, "model.attention_impl", tensor,
+               f"one of {TENSOR_FF_IMPLS} with SwitchHead attention", model.attention_impl)
+  _supported(model.attention_core != "cudnn", "model.attention_core", tensor,
+             "not 'cudnn'", model.attention_core)
+  _supported(model.loss_sparsity == 0, "model.loss_sparsity", tensor,
+             "0 (a dense or tied output layer)", model.loss_sparsity)
+  _divides(model.vocab_size, "model.vocab_size", tensor)
+  if model.attention_sparsity is not None:
+    _divides(model.attention_sparsity, "model.attention_sparsity", tensor)

@@ -19,18 +19,24 @@ import numpy as np
 import optax
 from flax import nnx
 
-from sparse_jax import parallel, schema
+from sparse_jax import parallel, schema, validation
 from sparse_jax.data import classification, task_batches
 from sparse_jax.finetune import methods
 from sparse_jax.finetune.storage import storage_report
 from sparse_jax.models.accounting import classifier_step_flops
 from sparse_jax.models.classifier import SequenceClassifier
+from sparse_jax.models.lm_config import ModelConfig
+from sparse_jax.models.tensor_support import check_tensor_parallel
 from sparse_jax.tasks import backbones, classification_metrics
 from sparse_jax.training import routing_health
 from sparse_jax.training.checkpointing import ParamsItem
 from sparse_jax.training.optimizer import BatchedTrainConfig, make_optimizer
 from sparse_jax.training.placement import Placement
 from sparse_jax.training.task import Task
+
+
+# The methods whose model may be split over `mesh.tensor`: no plug-ins (`tensor_support`).
+TENSOR_METHODS = ("full", "head")
 
 
 class HiddenLabelsError(ValueError):
@@ -58,7 +64,15 @@ class ClassificationExperiment(schema.Schema):
 
   def check(self, path: str) -> None:
     del path
-    self.mesh.require_unsplit_model("a fine-tuned encoder")
+    if self.mesh.tensor > 1:  # The backbone's own fields: `ClassificationTask.check_mesh`.
+      validation.require(self.backbone.kind == "hf_roberta", "backbone.kind",
+                         f"'hf_roberta' with mesh.tensor={self.mesh.tensor} (the RoBERTa "
+                         "encoder; a fine-tuned LM is not split over tensor yet)",
+                         self.backbone.kind)
+      validation.require(self.method.kind in TENSOR_METHODS, "method.kind",
+                         f"one of {TENSOR_METHODS} with mesh.tensor={self.mesh.tensor} (the "
+                         "SPARTAN memory and the adapters are not split over tensor yet)",
+                         self.method.kind)
 
 
 def task_loss(logits_bc: jax.Array, labels_b: jax.Array) -> jax.Array:
@@ -123,6 +137,11 @@ class ClassificationTask(Task):
   def check_mesh(self, placement: Placement) -> None:
     placement.check_batch(self.typed.train.batch_size, "train.batch_size")
     placement.check_batch(self.typed.eval.batch_size, "eval.batch_size")
+    tensor = parallel.axis_size(placement.mesh, parallel.TENSOR)
+    if tensor > 1:  # The backbone's fields, read from its config.json.
+      model_cfg = methods.with_method(backbones.backbone_model_config(self.typed.backbone),
+                                      self.typed.method)
+      check_tensor_parallel(ModelConfig.parse(model_cfg, "model"), tensor)
 
   def init_model_and_optimizer(self):
     return self._with_optimizer(backbones.new_classifier(self.typed, self.spec.num_classes))

@@ -1,10 +1,16 @@
 """The config check of tensor parallelism: what `mesh.tensor` > 1 refuses, naming the field."""
 
 import pytest
+from hf_testing import reference_copy
 from lm_testing import tiny_lm_config
 
-from sparse_jax.configs import glue, tensor_parallel
-from sparse_jax.tasks import validate_config
+from sparse_jax import parallel
+from sparse_jax.configs import glue, tensor_parallel, terraformer_arithmetic
+from sparse_jax.models.encoder import roberta_base_config
+from sparse_jax.models.lm_config import ModelConfig
+from sparse_jax.models.tensor_support import check_tensor_parallel
+from sparse_jax.tasks import task_for, validate_config
+from sparse_jax.training.placement import Placement
 from sparse_jax.validation import ConfigError
 
 
@@ -75,8 +81,50 @@ def test_the_tensor_parallel_configs_pass_the_check(variant):
   assert config.mesh.tensor == tensor_parallel.TENSOR
 
 
-def test_models_other_than_the_lm_refuse_tensor():
+@pytest.mark.parametrize("change, message", [
+    ({}, r"'method.kind' must be one of \('full', 'head'\) with mesh.tensor=2 \(the SPARTAN "
+         r"memory and the adapters are not split over tensor yet\).*got 'spartan'"),
+    ({"method.kind": "houlsby"}, r"'method.kind' must be one of .*got 'houlsby'"),
+    ({"method.kind": "full", "backbone.kind": "lm_checkpoint"},
+     r"'backbone.kind' must be 'hf_roberta' with mesh.tensor=2"),
+])
+def test_fine_tuning_on_tensor_refuses_plug_ins_and_lm_backbones(change, message):
   config = glue.get_config("rte")
   config.mesh.tensor = 2
-  with pytest.raises(ConfigError, match=r"'mesh.tensor' must be 1 with a fine-tuned encoder"):
+  for field, value in change.items():
+    section, name = field.split(".")
+    config[section][name] = value
+  with pytest.raises(ConfigError, match=message):
+    validate_config(config)
+
+
+def test_the_encoders_own_fields_are_checked():
+  """The RoBERTa encoder (checked when the task meets its mesh: its fields are the
+  backbone's config.json's) must split its heads and `d_ff` evenly; its vocabulary need not
+  (roberta-base's 50265: the table then stays whole on each device of `tensor`, as
+  `parallel.RULES` leave a dimension no rule divides; no output layer reads it)."""
+  encoder = ModelConfig.parse(roberta_base_config(), "model")  # 12 heads, d_ff 3072
+  check_tensor_parallel(encoder, 4)
+  with pytest.raises(ConfigError, match=r"'model.n_heads' must be divisible by mesh.tensor=8"):
+    check_tensor_parallel(encoder, 8)
+
+
+def test_fine_tuning_checks_the_backbones_fields_on_its_mesh(tmp_path):
+  """The tiny RoBERTa's 4 heads split over tensor 4 but not 8: refused when the task meets
+  the mesh (`check_mesh` reads the backbone's config.json)."""
+  config = glue.get_config("rte,full")
+  config.backbone.path = reference_copy("roberta_320", tmp_path)
+  config.train.batch_size = config.eval.batch_size = 8
+  task = task_for(config)
+  task.check_mesh(Placement(parallel.make_mesh((1, 1, 1, 4))))
+  with pytest.raises(ConfigError, match=r"'model.n_heads' must be divisible by mesh.tensor=8"):
+    task.check_mesh(Placement(parallel.make_mesh((1, 1, 1, 8))))
+
+
+def test_the_seq2seq_terraformer_refuses_tensor():
+  config = terraformer_arithmetic.get_config()
+  config.mesh.tensor = 2
+  with pytest.raises(ConfigError, match=r"'mesh.tensor' must be 1 with the seq2seq "
+                                        r"Terraformer \(only the decoder LM and the RoBERTa "
+                                        r"encoder are split over tensor so far\)"):
     validate_config(config)
