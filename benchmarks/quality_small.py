@@ -60,14 +60,13 @@ SMALL_VARIANTS = {
     "pkm_softmax": {"kind": "pkm", "n_subkeys": 30, "knn": 128, "activation": "softmax"},
     "topk": {"kind": "topk", "d_ff": 514, "k": 128},
 }
+# One change a run here; stall_medium's recipes also join changes with `+`.
+_RECIPE_VARIANTS = tuple(f"{model}/{change}" for model in stall_medium.VARIANTS
+                         for change in stall_medium.CHANGES)
 CONFIGS = {"quality_small": tuple(SMALL_VARIANTS), "quality_medium": quality_medium.VARIANTS,
-           "wt103_s_embedded": wt103_s_embedded.VARIANTS,
-           # One change a run here; stall_medium's get_config also takes `+`-joined recipes.
-           "stall_medium": tuple(f"{model}/{change}" for model in quality_medium.VARIANTS
-                                 for change in stall_medium.CHANGES),
+           "wt103_s_embedded": wt103_s_embedded.VARIANTS, "stall_medium": _RECIPE_VARIANTS,
            # `python train.py`'s run (or its dense twin's) under stall_medium's recipes.
-           "default": tuple(f"{model}/{change}" for model in quality_medium.VARIANTS
-                            for change in stall_medium.CHANGES)}
+           "default": _RECIPE_VARIANTS}
 CORPORA = ("builtin", "prose")
 # What each corpus's runs record as `corpus_id`; runs recorded on another id are superseded.
 CORPUS_IDS = {"builtin": "builtin", "prose": prose_corpus.CORPUS_ID}

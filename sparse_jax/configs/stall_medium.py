@@ -5,12 +5,10 @@ each with a weak or missing copy mechanism (benchmarks/history/2026-11-28_qualit
 They part from the others at steps 600-1000, and at step 1000 the training's stall rule
 (`sparse_jax.tasks.copy_score.StallRule`) tells them apart: so this trains the same runs, on the
 same 4000-step schedule, for their first 1000 steps (a quarter of the time), evaluating every
-250 steps on 20 batches. Smaller models do not learn to copy by step 1000 at all, stalled or
-not (benchmarks/history/2026-11-28_stall.md), so they cannot tell a stall.
-
-It is also the probe of issue 73's recipe study: no smaller run copies by step 1000 (4.1M
-tokens), so none can tell a stall (three tried: benchmarks/history/2026-11-28_stall.md and
-2026-12-05_recipe_study.md).
+250 steps on 20 batches. Smaller models do not learn to copy by step 1000 (4.1M tokens) at
+all, stalled or not, so they cannot tell a stall (three tried: benchmarks/history/
+2026-11-28_stall.md and 2026-12-05_recipe_study.md); so this is also the probe of issue 73's
+recipe study.
 
 The argument is `MODEL/RECIPE`: `MODEL` one of `quality_medium.VARIANTS` ("dense",
 "sigma_moe"), `RECIPE` one name of `CHANGES` or several joined by `+` (`fan_in+residual_zero`),
