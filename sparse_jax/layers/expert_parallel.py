@@ -39,10 +39,16 @@ of `sparse_jax.parallel`); the devices of a tensor group hold the same tokens, r
 alike, run their slice of every selected expert (ReLU and the gate act per hidden unit, so a
 slice's output is a partial sum) and add the partial outputs with one `psum` over `tensor`:
 one all-reduce of `[N_l, d]` in the forward pass and, by its transpose, one of the input
-gradient in the backward. The map checks varying axes, so only kernels XLA can partition
-(`pallas_kernels.partitionable`: the XLA impls, interpret-mode Pallas) run under `tensor`; a
-GPU or TPU kernel there is a ValueError for now. The local experts run over all received rows (padding included), so
-the receive buffer also bounds their FLOPs.
+gradient in the backward. For the impls XLA can partition (`pallas_kernels.partitionable`:
+the XLA impls, interpret-mode Pallas) the maps check varying axes, and marks (`pcast`) say
+which gradients the transposes sum. The GPU and TPU kernels (Triton, Mosaic, megablox), which
+declare no varying axes, run in maps that do not check them (`check_vma=False`), where the
+marks do nothing and shard_map's transpose itself divides the output's cotangent by the size
+of the axes it is replicated over and sums the gradients of the inputs replicated over an
+axis (the weights over the batch axes, the rows and gates over `tensor`); with the `psum`,
+whose unchecked transpose is another `psum`, the gradients are the same
+(tests/layers/test_expert_parallel.py). The local experts run over all received rows
+(padding included), so the receive buffer also bounds their FLOPs.
 """
 
 import functools
@@ -215,11 +221,10 @@ def _expert_parallel_body(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, *maybe_k
   mask_axes = token_axes + (parallel.TENSOR,) if tensor else token_axes
   key = jax.random.fold_in(maybe_key[0], jax.lax.axis_index(mask_axes)) if maybe_key else None
   # The weights are the same on every device of a token axis other than `expert`; marking them
-  # varying makes the transpose sum their gradient over those devices.
-  # (Unchecked, `_data_parallel`'s docstring, shard_map's transpose sums them itself.)
-  if check_vma:
-    other_axes = tuple(a for a in token_axes if a != parallel.EXPERT)
-    w_up_edg, w_down_egd = jax.lax.pcast((w_up_edg, w_down_egd), other_axes, to="varying")
+  # varying makes the transpose sum their gradient over those devices. (Unchecked, the marks
+  # do nothing and shard_map's transpose sums them itself: the module docstring.)
+  other_axes = tuple(a for a in token_axes if a != parallel.EXPERT)
+  w_up_edg, w_down_egd = jax.lax.pcast((w_up_edg, w_down_egd), other_axes, to="varying")
   if tensor:
     x_rd, gate_r = _to_tensor_slices(x_rd, gate_r)
   y_rd = _local_experts(x_rd, expert_r[:, None], gate_r[:, None], w_up_edg, w_down_egd,
@@ -279,10 +284,12 @@ def _sum_over_tensor(y_nd: jax.Array) -> jax.Array:
   return jax.lax.psum(y_nd.astype(jnp.float32), parallel.TENSOR).astype(y_nd.dtype)
 
 
-def _tensor_parallel(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, mesh, *, impl, rate, key):
+def _tensor_parallel(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, mesh, *, impl, rate, key,
+                     check_vma):
   """Every expert on every device of a tensor group, each device on its `G / t` slice of
-  them and on its tokens (module docstring). Each device folds its position over the batch
-  axes and `tensor` into the dropout key: its mask covers its own rows and units."""
+  them and on its tokens (module docstring; `check_vma` False for a kernel XLA cannot
+  partition). Each device folds its position over the batch axes and `tensor` into the
+  dropout key: its mask covers its own rows and units."""
   check_expert_mesh(mesh, w_up_edg.shape[0], x_nd.shape[0], w_up_edg.shape[2])
   token_axes = parallel.mesh_axes("batch", mesh)
   # The same weights on every device of a batch axis but `expert` (which splits them, size 1
@@ -303,19 +310,8 @@ def _tensor_parallel(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, mesh, *, impl
 
   keys = () if key is None else (key,)
   mapped = jax.shard_map(body, in_specs=(tokens,) * 3 + (up, down) + (P(),) * len(keys),
-                         out_specs=tokens)
+                         out_specs=tokens, check_vma=check_vma)
   return mapped(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, *keys)
-
-
-def check_tensor_kernel(resolved: str, mesh) -> None:
-  """Raises ValueError for a GPU or TPU kernel (`pallas_kernels.partitionable`) on a mesh
-  with `tensor` > 1: running it on a slice of each expert's columns is not done yet."""
-  n_tp = parallel.axis_size(mesh, parallel.TENSOR)
-  if n_tp > 1 and not pallas_kernels.partitionable(resolved):
-    raise ValueError(
-        f"model.ff.impl resolves to {resolved!r}, a kernel that does not run split over "
-        f"mesh.tensor={n_tp} yet; use impl 'blocked' or 'ragged' (XLA) with tensor "
-        "parallelism.")
 
 
 def token_parallel_cvmm(x: jax.Array, sel_nk: jax.Array, w_eml: jax.Array,
@@ -349,11 +345,12 @@ def head_parallel(per_heads: Callable, x: jax.Array, x_axes: tuple[str | None, .
   `shard_map` (Megatron's split by head): the value projection's output stays split by head
   for the attention (`sum_heads=False`), the output projection's partial sums over the
   device's heads are added with one `psum` over `tensor` (`sum_heads=True`), whose transpose,
-  with the marks below, all-reduces the input gradient of the values' input. Only the impls
-  XLA can partition run here (`check_tensor_kernel`).
+  with the marks below, all-reduces the input gradient of the values' input. A GPU or TPU
+  kernel (`pallas_kernels.partitionable` False) runs in a map that does not check varying
+  axes (the module docstring: the marks then do nothing, shard_map's transpose sums).
   """
   mesh = jax.sharding.get_abstract_mesh()
-  check_tensor_kernel(pallas_kernels.resolve(impl, x.dtype, w_rml.shape), mesh)
+  check_vma = pallas_kernels.partitionable(pallas_kernels.resolve(impl, x.dtype, w_rml.shape))
   batch_axes = parallel.mesh_axes("batch", mesh)
   only = batch_axes + (parallel.TENSOR,)
   spec = lambda axes: parallel.partition_spec(axes, mesh=mesh, only=only)
@@ -373,7 +370,8 @@ def head_parallel(per_heads: Callable, x: jax.Array, x_axes: tuple[str | None, .
   out = spec(("batch", None, None)) if sum_heads else slots
   # A device holds its heads' experts whole (fsdp, if any, gathered at the map's edge).
   experts = parallel.partition_spec(("heads", None, None), mesh=mesh, only=(parallel.TENSOR,))
-  mapped = jax.shard_map(body, in_specs=(spec(x_axes), slots, slots, experts), out_specs=out)
+  mapped = jax.shard_map(body, in_specs=(spec(x_axes), slots, slots, experts), out_specs=out,
+                         check_vma=check_vma)
   return mapped(x, gates_bthk, sel_bthk, w_rml)
 
 
@@ -398,12 +396,12 @@ def apply_experts(x_nd: jax.Array, sel_nk: jax.Array, gates_nk: jax.Array,
   exchange = resolve_exchange(exchange, mesh)
   check_recv_factor(recv_factor)
   resolved = pallas_kernels.resolve(impl, x_nd.dtype, w_up_edg.shape, w_down_egd.shape)
-  check_tensor_kernel(resolved, mesh)
+  check_vma = pallas_kernels.partitionable(resolved)
   if n_ep == 1:
     if n_tp > 1:
       return _tensor_parallel(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, mesh, impl=impl,
-                              rate=dropout_rate, key=dropout_key)
-    if parallel.batch_shards(mesh) > 1 and not pallas_kernels.partitionable(resolved):
+                              rate=dropout_rate, key=dropout_key, check_vma=check_vma)
+    if parallel.batch_shards(mesh) > 1 and not check_vma:
       return _data_parallel(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, mesh, impl=impl,
                             rate=dropout_rate, key=dropout_key)
     return _local_experts(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, impl=impl,
@@ -413,7 +411,6 @@ def apply_experts(x_nd: jax.Array, sel_nk: jax.Array, gates_nk: jax.Array,
   tokens = parallel.partition_spec(("batch", None), mesh=mesh)  # `[N, ...]` token rows
   # Inside the map a device holds whole experts (`experts` split), their units over `tensor`.
   up, down = _expert_specs(mesh)
-  check_vma = pallas_kernels.partitionable(resolved)
   body = functools.partial(_expert_parallel_body, n_ep=n_ep, check_vma=check_vma,
                            exchange=exchange,
                            recv_factor=recv_factor, impl=impl, rate=dropout_rate,

@@ -1,4 +1,7 @@
-"""Expert parallelism: every MoE kind on (data, fsdp, expert) meshes equals one device.
+"""Expert parallelism: every MoE kind on (data, fsdp, expert) meshes equals one device; with
+`tensor` too, each expert's columns split, for the XLA impls and for the GPU and TPU kernels
+(Triton, megablox: in interpret mode, taken as unpartitionable so that the unchecked maps run)
+in the FF's experts and SwitchHead's.
 
 The meshed layer runs as `with jax.set_mesh(mesh): jax.jit(f)(...)` on the 8 CPU devices of
 conftest.py, with parameters and the batch placed as training places them
@@ -25,7 +28,7 @@ from jax.sharding import PartitionSpec as P
 from sparse_jax import parallel
 from sparse_jax.aot.collectives import collectives
 from sparse_jax.layers import build_ff, expert_parallel
-from sparse_jax.layers.switchhead_attention import SwitchHeadAttention
+from sparse_jax.layers.switchhead_attention import SwitchHeadAttention, SwitchHeadXLAttention
 from sparse_jax.models.rngs import make_rngs
 
 D, E, G = 16, 8, 4
@@ -149,11 +152,43 @@ def test_tensor_parallel_experts_keep_their_columns_split():
   assert (16, D) in [c.shape for c in over_tensor if c.backward]
 
 
-def test_a_gpu_kernel_under_tensor_parallelism_is_refused(monkeypatch):
+@pytest.fixture
+def unpartitionable_kernels(monkeypatch):
+  """Every impl taken for a GPU or TPU kernel (`pallas_kernels.partitionable` False), as on
+  such a device, so that the maps run their unchecked path (`check_vma=False`) on CPU, where
+  "pallas" and "megablox" run those kernels in Pallas interpret mode. Traces again with the
+  patched rule, and after it."""
   monkeypatch.setattr(expert_parallel.pallas_kernels, "partitionable", lambda impl: False)
-  with pytest.raises(ValueError, match=r"model.ff.impl resolves to 'blocked', a kernel that "
-                                       r"does not run split over mesh.tensor=2"):
-    on_mesh((1, 1, 1, 2), *expert_inputs(routing("skewed")))
+  jax.clear_caches()
+  yield
+  jax.clear_caches()
+
+
+def unchecked_maps(layer, x, cotangent, mesh_shape) -> list[bool]:
+  """The `check_vma` of every `shard_map` in the jaxpr of the layer's forward and backward
+  pass on a mesh of `mesh_shape`."""
+  graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
+  with jax.set_mesh(parallel.make_mesh(mesh_shape)):
+    jaxpr = jax.make_jaxpr(forward_and_grads, static_argnums=0)(graphdef, params, rest, x,
+                                                                cotangent)
+  return re.findall(r"check_vma=(\w+)", str(jaxpr))
+
+
+@pytest.mark.usefixtures("unpartitionable_kernels")
+@pytest.mark.parametrize("impl", ["pallas", "megablox"])
+def test_gpu_and_tpu_kernels_on_tensor_parallel_experts_equal_one_device(impl):
+  """The Triton (`pallas`) and megablox kernels, in interpret mode, each device on its `G / t`
+  slice of every selected expert inside the unchecked map, on tensor 4 (Triton), data x
+  tensor and expert x tensor: outputs and every gradient equal one device's gather oracle.
+  Unchecked, shard_map's transpose sums the rows' gradients over `tensor` and the weights'
+  over the batch axes itself, where the checked map has `pcast` marks do it."""
+  layer = make_layer("sigma_moe", impl=impl)
+  x, cotangent = inputs(3)
+  want = run(make_layer("sigma_moe", impl="gather"), x, cotangent)
+  meshes = TENSOR_MESHES[1::2] if impl == "megablox" else TENSOR_MESHES[:2] + TENSOR_MESHES[3:]
+  for mesh_shape in meshes:
+    assert set(unchecked_maps(layer, x, cotangent, mesh_shape)) == {"False"}
+    assert_tree_close(run(layer, x, cotangent, mesh_shape), want)
 
 
 def test_uneven_routing_with_idle_experts():
@@ -365,8 +400,9 @@ def test_auto_exchange_is_ragged_on_tpu_only_and_ragged_lowers_for_gpus():
   assert "all_to_all" in hlo and "ragged_all_to_all" not in hlo
 
 
+@pytest.mark.usefixtures("unpartitionable_kernels")
 @pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 1, 4), (1, 2, 4)])
-def test_kernels_xla_cannot_partition_run_per_device_unchecked(mesh_shape, monkeypatch):
+def test_kernels_xla_cannot_partition_run_per_device_unchecked(mesh_shape):
   """GPU and TPU Pallas kernels (`pallas_kernels.partitionable` False) run inside shard_map
   without varying-axis checks (megablox declares none), on each device's tokens, with or
   without expert parallelism; the gradients of the replicated weights are then summed by
@@ -374,13 +410,7 @@ def test_kernels_xla_cannot_partition_run_per_device_unchecked(mesh_shape, monke
   device."""
   layer = make_layer("sigma_moe")
   x, cotangent = inputs(3)
-  want = run(layer, x, cotangent)
-  monkeypatch.setattr(expert_parallel.pallas_kernels, "partitionable", lambda impl: False)
-  jax.clear_caches()  # Trace again with the patched rule.
-  try:
-    assert_tree_close(run(layer, x, cotangent, mesh_shape), want)
-  finally:
-    jax.clear_caches()
+  assert_tree_close(run(layer, x, cotangent, mesh_shape), run(layer, x, cotangent))
 
 
 @pytest.mark.parametrize("partitionable", [True, False])
@@ -411,3 +441,42 @@ def test_switchhead_on_a_data_parallel_mesh_equals_one_device(partitionable, mon
       assert_tree_close(jax.device_get(forward_and_grads(params, x)), want)
   finally:
     jax.clear_caches()
+
+
+@pytest.mark.usefixtures("unpartitionable_kernels")
+@pytest.mark.parametrize("xl", [False, True])
+def test_switchhead_gpu_kernels_split_by_head_equal_one_device(xl):
+  """SwitchHead (RoPE, and its XL form, whose attention core is then the fused XL kernels
+  too) with the Triton kernels (`impl="pallas"`, interpret mode) on tensor 4 and data 2 x
+  tensor 4: each device runs its heads' V and O experts inside the unchecked map
+  (`head_parallel`), the O projection's partial sums added by one psum; values and every
+  gradient equal one device's gather oracle (with the XLA attention core)."""
+  def make(impl):
+    if xl:
+      return SwitchHeadXLAttention(D, 4, 4, 4, 2, n_layers=2, impl=impl, rngs=nnx.Rngs(0))
+    return SwitchHeadAttention(D, 4, 4, 4, 2, n_layers=2, impl=impl, rngs=nnx.Rngs(0))
+
+  call = (lambda layer, x: layer(x, 4, jnp.asarray(2))) if xl else (lambda layer, x: layer(x))
+  x, cotangent = (jax.random.normal(k, (4, 6, D)) for k in jax.random.split(jax.random.key(5)))
+  cotangent = cotangent[:, -4:] if xl else cotangent
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def forward_and_grads(graphdef, params, rest, x):
+    def loss(params, x):
+      y = call(nnx.merge(graphdef, params, rest), x)
+      return jnp.sum(y * cotangent), y
+    (_, y), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(params, x)
+    return y, nnx.to_pure_dict(grads[0]), grads[1]
+
+  want = jax.device_get(forward_and_grads(*nnx.split(make("gather"), nnx.Param, ...), x))
+  graphdef, params, rest = nnx.split(make("pallas"), nnx.Param, ...)
+  for mesh_shape in [(1, 1, 1, 4), (2, 1, 1, 4)]:
+    mesh = parallel.make_mesh(mesh_shape)
+    placed = jax.device_put(params, parallel.state_shardings(params, mesh))
+    x_placed = jax.device_put(x, parallel.batch_sharding(mesh, x.ndim))
+    with jax.set_mesh(mesh):
+      jaxpr = str(jax.make_jaxpr(forward_and_grads, static_argnums=0)(graphdef, placed, rest,
+                                                                      x_placed))
+      assert set(re.findall(r"check_vma=(\w+)", jaxpr)) == {"False"}
+      assert_tree_close(jax.device_get(forward_and_grads(graphdef, placed, rest, x_placed)),
+                        want)

@@ -7,12 +7,16 @@ T not a multiple of the block, memory partly valid, none valid, none at all; the
 tests/aot/test_xl_attention_compile.py. (Not test_xl_attention.py: tests/layers has one, and
 pytest's default import mode refuses two test modules of one basename.)"""
 
+import functools
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
+from sparse_jax import parallel
 from sparse_jax.configs import default
 from pallas_kernels import backends
 from pallas_kernels.xl_attention import (XL_IMPLS, XLBlocks, XLTiles, use_fused, xl_attention,
@@ -155,6 +159,46 @@ def test_auto_picks_the_fused_path_on_one_gpu_and_pallas_refuses_dropout(monkeyp
   with pytest.raises(ValueError, match="attn_dropout"):
     RelativeMultiHeadAttention(8, 2, 4, n_layers=1, attn_dropout=0.1, impl="pallas",
                                rngs=nnx.Rngs(0))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _layer_value_and_grads(graphdef, params, rest, ctx, cotangent):
+  """The layer's output on `ctx` (its last 6 rows the queries, 3 of its 4 memory rows valid)
+  and the gradients of `sum(out * cotangent)` in its parameters and `ctx`."""
+
+  def loss(params, ctx):
+    out = nnx.merge(graphdef, params, rest)(ctx, 6, jnp.asarray(3))
+    return jnp.sum(out * cotangent), out
+
+  (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(params, ctx)
+  return out, nnx.to_pure_dict(grads[0]), grads[1]
+
+
+def test_the_fused_layer_on_meshes_runs_per_device_and_equals_one_device():
+  """`model.attention_impl=pallas` on tensor 4, data 2 x tensor 4 and fsdp 2 x expert 2 x
+  tensor 2 (4 heads, batch 4): the kernels run inside one unchecked `shard_map` on each
+  device's rows and heads, and the output and every gradient (the learned scale's, summed
+  over all devices by the map's transpose, and the position projection's, over the batch
+  axes) equal one device's to float32 reduction order."""
+  layer = RelativeMultiHeadAttention(16, 4, 4, n_layers=2, learned_scale=True,
+                                     bias_init_std=0.5, impl="pallas", rngs=nnx.Rngs(0))
+  graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
+  ctx, cotangent = (jax.random.normal(key, shape) for key, shape in zip(
+      jax.random.split(jax.random.key(3)), [(4, 10, 16), (4, 6, 16)]))
+  want = jax.device_get(_layer_value_and_grads(graphdef, params, rest, ctx, cotangent))
+  for shape in [(1, 1, 1, 4), (2, 1, 1, 4), (1, 2, 2, 2)]:
+    mesh = parallel.make_mesh(shape)
+    placed = jax.device_put(params, parallel.state_shardings(params, mesh))
+    ctx_placed = jax.device_put(ctx, parallel.batch_sharding(mesh, 3))
+    with jax.set_mesh(mesh):
+      jaxpr = str(jax.make_jaxpr(_layer_value_and_grads, static_argnums=0)(
+          graphdef, placed, rest, ctx_placed, cotangent))
+      got = jax.device_get(_layer_value_and_grads(graphdef, placed, rest, ctx_placed,
+                                                  cotangent))
+    # Forward and backward each one map around the kernels.
+    assert re.findall(r"check_vma=(\w+)", jaxpr) == ["False", "False"], shape
+    jax.tree.map_with_path(lambda path, g, w: np.testing.assert_allclose(
+        g, w, rtol=1e-5, atol=1e-6 * np.abs(w).max(), err_msg=f"{shape} {path}"), got, want)
 
 
 def _lm_config(**overrides):
