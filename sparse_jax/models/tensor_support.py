@@ -9,16 +9,22 @@ XLA path (Transformer-XL and causal by head; Scaling Transformers' sparse QKV by
 head, `layers.sparse_qkv_attention`; SwitchHead and its XL form by head, each device running
 its heads' experts in a `shard_map`, `layers.expert_parallel.head_parallel`); the dense FF,
 Scaling Transformers' sparse FF (by hidden unit, whole controller blocks per device,
-`layers.sparse_ff`) and the MoE kinds on the XLA grouped-matmul impls (their experts' columns
-in a `shard_map` with one `psum`, `layers.expert_parallel`), with `data`, `fsdp` and `expert`
-beside `tensor`; MoEUT's shared layers (`model.layer_groups`); scanned and rematerialised
+`layers.sparse_ff`) and the MoE kinds (their experts' columns in a `shard_map` with one
+`psum`, `layers.expert_parallel`: the XLA grouped-matmul impls and, in maps that do not check
+varying axes, the Triton and megablox kernels, which run SwitchHead's experts too), with
+`data`, `fsdp` and `expert` beside `tensor`; the fused XL attention (`attention_impl=pallas`)
+on each device's rows and heads in a `shard_map` (`layers.xl_attention.fused_per_device`;
+tests/training/test_tensor_parallel_kernels.py, and without a gathered weight in the step
+compiled for two H100s, tests/aot/test_tensor_parallel_kernels_compile.py); MoEUT's shared
+layers (`model.layer_groups`); scanned and rematerialised
 layers; dense and tied output layers; decoding (`sparse_jax.generate(..., mesh=)`); the
 RoBERTa encoder (`models.encoder`: its attention's flattened `heads` projections around the
 decoder's XLA core `attend`, and the same FF registry), fine-tuned whole or its head
 (`tasks.classification` refuses the plug-in methods and a fine-tuned LM, naming the field).
-Everything else is refused here, naming the field, until it is split and tested: the fused
-XL attention and cuDNN attention cores (kernels XLA cannot split by head), the GPU/TPU
-expert kernels (for the FF's experts and SwitchHead's), the PKM and top-k FFs, the
+Everything else is refused here, naming the field, until it is split and tested: the cuDNN
+attention core (a kernel XLA cannot split by head), the Mosaic GPU and tokamax expert kernels
+(for the FF's experts and SwitchHead's; not tested split: no interpret mode here), the PKM
+and top-k FFs, the
 multiplicative output, and the memory and adapter plug-ins. A split dimension must divide
 evenly: heads, `d_ff`, `expert_size` and the LM's vocabulary by `mesh.tensor` (the
 encoder's embedding table, read by no output layer, stays whole where it does not divide:
@@ -34,10 +40,9 @@ from sparse_jax.models.lm_config import LMConfig, ModelConfig
 TENSOR_FF_KINDS = ("dense", "sparse_ff", "sigma_moe", "switch", "noisy_topk", "sbase",
                    "softmax_moe")
 SWITCHHEAD_KINDS = ("switchhead", "switchhead_xl")
-# The grouped-matmul impls XLA partitions, for the FF's experts and SwitchHead's ("auto" is
-# checked again when the layer is traced: it means a GPU or TPU kernel there,
-# `expert_parallel.check_tensor_kernel`).
-TENSOR_FF_IMPLS = ("auto", "blocked", "ragged", "gather")
+# The grouped-matmul impls tested split over `tensor`, for the FF's experts and SwitchHead's:
+# the XLA ones, and the Triton and megablox kernels ("auto" resolves to one of these).
+TENSOR_FF_IMPLS = ("auto", "blocked", "ragged", "gather", "pallas", "megablox")
 
 
 def _supported(condition: bool, field: str, tensor: int, allowed: str, got) -> None:
@@ -85,8 +90,6 @@ def _check_ff(ff, tensor: int) -> None:
 def _check_lm_attention_and_output(model: LMConfig, tensor: int) -> None:
   """The decoder LM's attention kinds, cores and sparse QKV modules; its output layer and
   vocabulary (split in the loss, which never gathers whole logits)."""
-  _supported(model.attention_impl != "pallas", "model.attention_impl", tensor,
-             "not 'pallas' (the fused XL attention)", model.attention_impl)
   if model.attention in SWITCHHEAD_KINDS:
     _supported(model.attention_impl in TENSOR_FF_IMPLS, "model.attention_impl", tensor,
                f"one of {TENSOR_FF_IMPLS} with SwitchHead attention", model.attention_impl)

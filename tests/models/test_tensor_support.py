@@ -44,16 +44,15 @@ def test_the_tested_kinds_pass(config):
      r"mesh.tensor=2 .*not split over tensor yet.*got 'pkm'"),
     ({"attention": "switchhead", "mem_len": 0, "attention_experts": 2, "attention_k": 1,
       "attention_impl": "mosaic"},
-     r"'model.attention_impl' must be one of \('auto', 'blocked', 'ragged', 'gather'\) with "
+     r"'model.attention_impl' must be one of \('auto', 'blocked', 'ragged', 'gather', "
+     r"'pallas', 'megablox'\) with "
      r"SwitchHead attention with mesh.tensor=2"),
-    ({"attention_impl": "pallas", "attn_dropout": 0.0},
-     r"'model.attention_impl' must be not 'pallas'"),
     ({"loss_sparsity": 4}, r"'model.loss_sparsity' must be 0"),
     ({"n_heads": 1}, r"'model.n_heads' must be divisible by mesh.tensor=2.*got 1"),
     ({"vocab_size": 257}, r"'model.vocab_size' must be divisible by mesh.tensor=2"),
     ({"ff.expert_size": 15}, r"'model.ff.expert_size' must be divisible by mesh.tensor=2"),
-    ({"ff.impl": "pallas"}, r"'model.ff.impl' must be one of \('auto', 'blocked', 'ragged', "
-                            r"'gather'\) with mesh.tensor=2"),
+    ({"ff.impl": "mosaic"}, r"'model.ff.impl' must be one of \('auto', 'blocked', 'ragged', "
+                            r"'gather', 'pallas', 'megablox'\) with mesh.tensor=2"),
     ({"ff": {"kind": "dense", "d_ff": 63}}, r"'model.ff.d_ff' must be divisible by mesh.tensor"),
     ({"ff": {"kind": "sparse_ff", "d_ff": 64, "block_size": 64}},
      r"'model.ff.block_size' must be a block size giving a number of blocks d_ff / block_size "
@@ -72,6 +71,15 @@ def test_what_is_not_split_yet_is_refused_naming_the_field(config, change, messa
   config.mesh.tensor = 1
   if "divisible" in message:
     validate_config(config)  # Only the split needed it.
+
+
+@pytest.mark.parametrize("impl", ["pallas", "megablox"])
+def test_the_kernels_split_over_tensor_pass(config, impl):
+  """The Triton and megablox expert kernels and the fused XL attention (tests/training/
+  test_tensor_parallel_kernels.py)."""
+  config.model.update(attention_impl="pallas", attn_dropout=0.0)
+  config.model.ff.impl = impl
+  validate_config(config)
 
 
 @pytest.mark.parametrize("variant", tensor_parallel.VARIANTS)
