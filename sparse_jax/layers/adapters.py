@@ -19,6 +19,16 @@ attention and after the FF with swish, Pfeiffer's after the FF only with ReLU an
 input. Both are initialised as AdapterHub's default "bert" init: N(0, 0.02) weights, zero
 biases; `init="near_identity"` is Houlsby et al.'s recipe instead (truncated N(0, 1e-2) down
 projection, zero up projection, so an inserted adapter starts as the identity).
+
+Tensor parallelism (`sparse_jax.parallel`) replicates an adapter on every device of `tensor`:
+its bottleneck is declared `lowrank` (a rank-`b` map of the residual stream; `RULES` put that
+on `fsdp` only), not `mlp`. Split Megatron-style by its hidden units, each adapter would add
+an all-reduce of `B x T x d` to the forward (the up projection's partial sums) and one to the
+backward (the down projection's input gradient), as many as a whole attention or FF
+sublayer, for a map of `2 d b` multiply-adds per token (`b = d / 12`: 1/48 of a dense FF's
+`8 d^2`). Replicated it reads the sublayer's output, which every device of `tensor` already
+holds whole, computes the same values as one device and needs no collective at all; its
+gradients too are whole on each device (the batch is not split over `tensor`).
 """
 
 from typing import Callable
@@ -62,9 +72,10 @@ class BottleneckAdapter(nnx.Module):
     else:
       w_down = 1e-2 * jax.random.truncated_normal(down_key, -2.0, 2.0, (d_model, bottleneck))
       w_up = jnp.zeros((bottleneck, d_model))
-    self.w_down = PlugInParam(w_down, logical_axes=("embed", "mlp"))
-    self.b_down = PlugInParam(jnp.zeros((bottleneck,)), logical_axes=("mlp",))
-    self.w_up = PlugInParam(w_up, logical_axes=("mlp", "embed"))
+    # The bottleneck is `lowrank`, not `mlp`: replicated over `tensor` (module docstring).
+    self.w_down = PlugInParam(w_down, logical_axes=("embed", "lowrank"))
+    self.b_down = PlugInParam(jnp.zeros((bottleneck,)), logical_axes=("lowrank",))
+    self.w_up = PlugInParam(w_up, logical_axes=("lowrank", "embed"))
     self.b_up = PlugInParam(jnp.zeros((d_model,)), logical_axes=("embed",))
 
   def __call__(self, z_btd: jax.Array) -> jax.Array:

@@ -35,7 +35,12 @@ class MultiplicativeDense(nnx.Module):
 
   `out_axes` are the logical axes of S and M (`sparse_jax.parallel`): modules and their
   channels in the sparse QKV layer, the vocabulary's two factors in the output layer;
-  `bias_axis` that of the flat `[d_out]` bias.
+  `bias_axis` that of the flat `[d_out]` bias. Under tensor parallelism the LM's output layer
+  is split by module over `tensor` (the config check makes `tensor` divide S): each device
+  computes whole vocabulary blocks `[s M, (s + 1) M)`, as the dense output layer's vocabulary
+  is split, so the loss reads its logits split. `E`, whose `M` columns are `vocab` too, is
+  all-gathered before the product (`d_in x M` per step: a weight's size, independent of the
+  batch) and its gradient, a sum over every device's modules, all-reduced.
   """
 
   def __init__(self, d_in: int, d_out: int, n_modules: int, *,

@@ -10,6 +10,18 @@ their sweeps ran: knn 128 against 46-89 sub-keys) switches to a dense read inste
 of all `n^2` values, summed over the heads, then the activation over all of them
 (`dense_scores`). That is our default there too; `dense_when_knn_covers=False` keeps the
 per-head top-knn of Lample's algorithm.
+
+Tensor parallelism (`sparse_jax.parallel`): the values are the layer's hidden units (the paper
+matches a PKM of `n^2` values to a dense FF of `d_ff = n^2`), so where they are read as a
+matrix (the dense path, and `weighted_value_sum`'s dense read of small tables) they are split
+by row over `tensor` (`mlp`), as the dense FF's down projection is: each device activates
+and reads its own values' scores, and one all-reduce of `B x T x d` adds the partial sums
+(the softmax's normaliser, `[B, T]`, is reduced over the devices first). The sub-keys are
+split by head (`heads`) where `tensor` divides the heads, else whole; their scores are
+`[B, T, H, n]`, small. A gathered read (`knn` values per head from a large table) keeps its
+values whole on each device (`memory`, split by `fsdp` only): split by row, XLA's
+partitioner all-reduces the gathered `[B, T, H, knn, d]` rows, `H knn` times an FF's
+all-reduce.
 """
 
 import jax
@@ -113,9 +125,10 @@ class PKM(FeedForward):
       keys = jax.random.uniform(rngs.params(), key_shape, minval=-bound, maxval=bound)
       value_std = d_model ** -0.5
     self.sub_keys = nnx.Param(keys, logical_axes=("heads", "key_half", "memory", "embed"))
+    self.dense_read = self.dense_path or use_dense_read(n_values, n_heads, knn)
     self.values = nnx.Param(
         jax.nn.initializers.normal(value_std)(rngs.params(), (n_values, d_model)),
-        logical_axes=("memory", "embed"))
+        logical_axes=("mlp" if self.dense_read else "memory", "embed"))
 
   def __call__(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
     dtype = x.dtype
@@ -133,9 +146,8 @@ class PKM(FeedForward):
       scores_nhk, ids_nhk = product_key_topk(scores_a, scores_b, self.knn)
       n = scores_nhk.shape[0]
       weights_nhk = self._activate(scores_nhk.reshape(n, -1)).reshape(scores_nhk.shape)
-      y_nd = weighted_value_sum(
-          weights_nhk.astype(dtype), ids_nhk, values,
-          dense=use_dense_read(self.n_subkeys ** 2, self.n_heads, self.knn))
+      y_nd = weighted_value_sum(weights_nhk.astype(dtype), ids_nhk, values,
+                                dense=self.dense_read)
       usage = jnp.zeros((self.n_subkeys ** 2,), jnp.int32).at[ids_nhk].add(1)
     return y_nd.reshape(x.shape), {"reg_loss": jnp.zeros((), jnp.float32),
                                    "value_usage": usage}

@@ -5,6 +5,15 @@ Each position `v` attends over `N_p` parent cells, keeps the top-K parents (Eq. 
 kept parent's `N_c` exclusive children as a key-value memory (Eq. 2), and adds the parents'
 renormalised mixture of those reads back to `v` (Eq. 3). Only the K kept parents' children
 are gathered, never all `N_p * N_c`: that sparsity is what the paper's speed claim rests on.
+
+Tensor parallelism (`sparse_jax.parallel`) leaves the memory whole on every device of `tensor`:
+its tables are declared `memory` and `embed`, which `RULES` split over `fsdp` only. Split by
+parent, Eq. 1's top-K would need every parent's logit (an all-gather of `[N, N_p]`) and Eq. 3's
+sum over the kept parents an all-reduce of `B x T x d` forward and backward, as a whole FF
+sublayer costs, for `(N_p + 2 N_p N_c) d` scalars (97 d at the paper's N_p 16, N_c 3: 1/63 of a
+dense FF's `8 d^2` at d 768) and `(N_p + 2 K N_c) d` multiply-adds per token. Whole, it reads
+the layer's output, which every device of `tensor` holds whole, computes what one device
+computes and needs no collective.
 """
 
 import functools

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from sparse_jax import parallel
 from sparse_jax.layers.pkm import PKM, product_key_topk, use_dense_read, weighted_value_sum
-from sparse_jax.layers.topk_ff import TopKFF
+from sparse_jax.layers.topk_ff import TopKFF, split_top_k_mask, top_k_mask
 
 
 @pytest.mark.parametrize("knn", [5, 11, 30])  # knn < n_subkeys, = n_subkeys, > n_subkeys
@@ -94,6 +95,20 @@ def test_topk_ff_keeps_exactly_k_units_and_matches_numpy():
   hidden = layer.hidden(jnp.asarray(pre, jnp.float32))
   assert np.all(np.count_nonzero(np.asarray(hidden), axis=-1) == k)
   assert layer.flops_per_token() == d * d_ff + k * d
+
+
+@pytest.mark.parametrize("shape, k", [((1, 1, 1, 8), 3), ((1, 1, 1, 8), 9),
+                                      ((2, 1, 1, 4), 5)])
+def test_the_top_k_chosen_across_tensor_devices_is_one_devices_ties_included(shape, k):
+  """Rows of 32 small integers (many ties, zeros among them, as ReLU's) split over `tensor`:
+  each device's candidates (k of its units, or all of them when it has fewer: k = 9 of 4)
+  give exactly one device's choice, the lowest indices among equal values."""
+  u = jnp.asarray(np.random.default_rng(k).integers(0, 4, (4, 3, 32)), jnp.float32)
+  want = top_k_mask(u, k)
+  assert np.all(np.asarray(want).sum(-1) == k)
+  with jax.set_mesh(parallel.make_mesh(shape)):
+    got = jax.jit(split_top_k_mask, static_argnums=1)(u, k)
+  np.testing.assert_array_equal(got, want)
 
 
 def test_dense_and_topk_parameter_counts_are_the_closed_form():
