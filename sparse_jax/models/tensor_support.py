@@ -19,14 +19,17 @@ compiled for two H100s, tests/aot/test_tensor_parallel_kernels_compile.py); MoEU
 layers (`model.layer_groups`); scanned and rematerialised
 layers; dense and tied output layers; decoding (`sparse_jax.generate(..., mesh=)`); the
 RoBERTa encoder (`models.encoder`: its attention's flattened `heads` projections around the
-decoder's XLA core `attend`, and the same FF registry), fine-tuned whole or its head
-(`tasks.classification` refuses the plug-in methods and a fine-tuned LM, naming the field).
+decoder's XLA core `attend`, and the same FF registry), fine-tuned whole, its head, or with
+the SPARTAN memory or the adapters (`tasks.classification` refuses a fine-tuned LM, naming
+the field); the top-k FF (by hidden unit, each token's top K chosen across the devices,
+`layers.topk_ff`), PKM (its values read as a matrix by row, `layers.pkm`), the multiplicative
+output (by module: whole vocabulary blocks per device), and the `model.memory` and
+`model.adapters` plug-ins, whole on each device (`layers.spartan`, `layers.adapters`).
 Everything else is refused here, naming the field, until it is split and tested: the cuDNN
 attention core (a kernel XLA cannot split by head), the Mosaic GPU and tokamax expert kernels
-(for the FF's experts and SwitchHead's; not tested split: no interpret mode here), the PKM
-and top-k FFs, the
-multiplicative output, and the memory and adapter plug-ins. A split dimension must divide
-evenly: heads, `d_ff`, `expert_size` and the LM's vocabulary by `mesh.tensor` (the
+(for the FF's experts and SwitchHead's; not tested split: no interpret mode here). A split
+dimension must divide evenly: heads, `d_ff` (dense and top-k), `expert_size`, the
+multiplicative output's modules `loss_sparsity` and the LM's vocabulary by `mesh.tensor` (the
 encoder's embedding table, read by no output layer, stays whole where it does not divide:
 roberta-base's 50265 rows); the sparse FF's blocks `d_ff / block_size` (a block's units stay
 on one device, where its choice is made) and the sparse QKV layer's modules
@@ -37,8 +40,8 @@ edge).
 from sparse_jax import validation
 from sparse_jax.models.lm_config import LMConfig, ModelConfig
 
-TENSOR_FF_KINDS = ("dense", "sparse_ff", "sigma_moe", "switch", "noisy_topk", "sbase",
-                   "softmax_moe")
+TENSOR_FF_KINDS = ("dense", "topk", "pkm", "sparse_ff", "sigma_moe", "switch", "noisy_topk",
+                   "sbase", "softmax_moe")
 SWITCHHEAD_KINDS = ("switchhead", "switchhead_xl")
 # The grouped-matmul impls tested split over `tensor`, for the FF's experts and SwitchHead's:
 # the XLA ones, and the Triton and megablox kernels ("auto" resolves to one of these).
@@ -62,9 +65,6 @@ def check_tensor_parallel(model: ModelConfig, tensor: int) -> None:
   if tensor == 1:
     return
   _check_ff(model.ff, tensor)
-  for plugin in ("memory", "adapters"):
-    kind = getattr(model, plugin).kind
-    _supported(kind == "none", f"model.{plugin}.kind", tensor, "'none'", kind)
   _divides(model.n_heads, "model.n_heads", tensor)
   if isinstance(model, LMConfig):  # The encoder's attention is always `attend` on XLA.
     _check_lm_attention_and_output(model, tensor)
@@ -74,14 +74,14 @@ def _check_ff(ff, tensor: int) -> None:
   """The FF slot's kind, impl and split widths (the LM's and the encoder's registry)."""
   _supported(ff.kind in TENSOR_FF_KINDS, "model.ff.kind", tensor,
              f"one of {TENSOR_FF_KINDS}", ff.kind)
-  if ff.kind == "dense":
+  if ff.kind in ("dense", "topk"):
     _divides(ff.d_ff, "model.ff.d_ff", tensor)
   elif ff.kind == "sparse_ff":
     validation.require((ff.d_ff // ff.block_size) % tensor == 0, "model.ff.block_size",
                        f"a block size giving a number of blocks d_ff / block_size divisible "
                        f"by mesh.tensor={tensor} (whole blocks per device; d_ff={ff.d_ff})",
                        ff.block_size)
-  else:
+  elif ff.kind != "pkm":  # (PKM's values and heads stay whole where `tensor` does not divide.)
     _supported(ff.impl in TENSOR_FF_IMPLS, "model.ff.impl", tensor,
                f"one of {TENSOR_FF_IMPLS}", ff.impl)
     _divides(ff.expert_size, "model.ff.expert_size", tensor)
@@ -95,8 +95,8 @@ def _check_lm_attention_and_output(model: LMConfig, tensor: int) -> None:
                f"one of {TENSOR_FF_IMPLS} with SwitchHead attention", model.attention_impl)
   _supported(model.attention_core != "cudnn", "model.attention_core", tensor,
              "not 'cudnn'", model.attention_core)
-  _supported(model.loss_sparsity == 0, "model.loss_sparsity", tensor,
-             "0 (a dense or tied output layer)", model.loss_sparsity)
+  if model.loss_sparsity:  # The multiplicative output's modules: whole vocabulary blocks.
+    _divides(model.loss_sparsity, "model.loss_sparsity", tensor)
   _divides(model.vocab_size, "model.vocab_size", tensor)
   if model.attention_sparsity is not None:
     _divides(model.attention_sparsity, "model.attention_sparsity", tensor)

@@ -35,10 +35,6 @@ from sparse_jax.training.placement import Placement
 from sparse_jax.training.task import Task
 
 
-# The methods whose model may be split over `mesh.tensor`: no plug-ins (`tensor_support`).
-TENSOR_METHODS = ("full", "head")
-
-
 class HiddenLabelsError(ValueError):
   """The split's labels are hidden (GLUE test splits), so it cannot be scored."""
 
@@ -69,10 +65,6 @@ class ClassificationExperiment(schema.Schema):
                          f"'hf_roberta' with mesh.tensor={self.mesh.tensor} (the RoBERTa "
                          "encoder; a fine-tuned LM is not split over tensor yet)",
                          self.backbone.kind)
-      validation.require(self.method.kind in TENSOR_METHODS, "method.kind",
-                         f"one of {TENSOR_METHODS} with mesh.tensor={self.mesh.tensor} (the "
-                         "SPARTAN memory and the adapters are not split over tensor yet)",
-                         self.method.kind)
 
 
 def task_loss(logits_bc: jax.Array, labels_b: jax.Array) -> jax.Array:

@@ -6,8 +6,11 @@ attention), the SwitchHead LM (with the sigma-MoE FF; its XL form on `data=2,ten
 MoEUT on `tensor=8`, `data=2,tensor=4` and `fsdp=2,expert=2,tensor=2` (the LMs without
 experts: `fsdp=2,tensor=4`; the sigma-MoE LM also on `expert=4,tensor=2`), the sigma-MoE
 LM with scanned, rematerialised layers and a tied output layer on `data=2,tensor=4`, the
-RoBERTa encoder fine-tuned whole on `data=2,tensor=4` and `fsdp=2,tensor=4`; a
-checkpoint saved on `tensor=4` resumes on `data=2,tensor=2` and on one device; `tensor=4`
+LMs with PKM FFs on `data=2,tensor=4` (the dense paths also on `tensor=8`), with the top-k
+FF and with the multiplicative output on `tensor=8` and `data=2,tensor=4`, with a SPARTAN memory and adapters on
+`data=2,tensor=4`, the RoBERTa encoder fine-tuned whole and with the SPARTAN memory and
+either adapters on `data=2,tensor=4` and `fsdp=2,tensor=4`; a checkpoint saved on
+`tensor=4` resumes on `data=2,tensor=2` and on one device; `tensor=4`
 across two processes (both read every row: the batch is not split over `tensor`) trains as
 one process does.
 
@@ -62,12 +65,40 @@ def dense(config, attention="xl"):
   return config
 
 
+def sequence_parallel(config):
+  """Sequence parallelism on the tensor meshes (`layers.sequence_parallel`): the residual
+  stream, LayerNorms, dropout and the XL memory split along the sequence (16 positions, 16
+  of memory: whole shards on every mesh)."""
+  config.model.sequence_parallel = True
+  return config
+
+
 def sparse(config):
   """Scaling Transformers' sparse FF (16 blocks of 4) and sparse QKV attention (8 modules of
   4, one per head): every mesh of 8 splits whole blocks and modules. No dropout, so that the
   gradients compare in training mode."""
   config.model.ff = {"kind": "sparse_ff", "d_ff": 64, "block_size": 4}
   config.model.update(attention="sparse_qkv", mem_len=0, dropout=0.0)
+  return config
+
+
+# PKM FFs (8 sub-keys per half: 64 values, 4 heads): the authors' dense path (knn 8 covers
+# the sub-keys) with either activation; Lample's top-knn (knn 2), read densely (the table is
+# small) or gathered (16 sub-keys: 256 values, more than 16 per value read).
+PKM_FFS = {"relu": {}, "softmax": {"activation": "softmax"},
+           "top_knn": {"knn": 2, "dense_when_knn_covers": False},
+           "top_knn_gathered": {"n_subkeys": 16, "knn": 2, "dense_when_knn_covers": False}}
+
+
+def pkm(config, variant):
+  config.model.ff = {"kind": "pkm", "n_subkeys": 8, "knn": 8, "n_heads": 4,
+                     **PKM_FFS[variant]}
+  return config
+
+
+def topk(config):
+  """The top-k FF keeping 8 of 64 hidden units (dropout after the top-K, as the authors')."""
+  config.model.ff = {"kind": "topk", "d_ff": 64, "k": 8, "dropout": 0.1, "after_dropout": True}
   return config
 
 
@@ -88,12 +119,13 @@ def moeut(config):
   return switchhead(config)
 
 
-def roberta_rte(tmp_path):
-  """Fine-tuning the tiny RoBERTa (4 heads, d_ff 48, vocabulary 320) whole (`full`: every
-  weight trains, so all of it is compared) on GLUE RTE, batches of 8 sequences of 24 tokens:
-  `data=2,tensor=4` splits its heads, hidden units, vocabulary and batch. The LMs' learning
-  rate (2e-3, not `full`'s 2e-5), so that the parameters' atol is a twentieth of it."""
-  config = glue.get_config("rte,full")
+def roberta_rte(tmp_path, method="full"):
+  """Fine-tuning the tiny RoBERTa (4 heads, d_ff 48, vocabulary 320) on GLUE RTE with
+  `method` (default `full`: every weight trains, so all of it is compared), batches of 8
+  sequences of 24 tokens: `data=2,tensor=4` splits its heads, hidden units, vocabulary and
+  batch. The LMs' learning rate (2e-3, not the methods' 2e-5 to 1e-3), so that the
+  parameters' atol is a twentieth of it."""
+  config = glue.get_config(f"rte,{method}")
   config.backbone.path = reference_copy("roberta_320", tmp_path / "roberta")
   config.task.update(data_dir=str(tmp_path / "tfds"), max_len=24)
   config.train.update(steps=3, warmup_steps=1, batch_size=8, lr=2e-3, log_every=1,
@@ -218,12 +250,37 @@ def test_the_dense_causal_lm_on_a_tensor_mesh_equals_one_device(tp_config, tmp_p
   assert_like_one_device(dense(tp_config, "causal"), tmp_path, MESHES[1:2])
 
 
+def test_the_sequence_parallel_dense_lm_on_tensor_meshes_equals_one_device(tp_config,
+                                                                           tmp_path):
+  assert_like_one_device(sequence_parallel(dense(tp_config)), tmp_path, DENSE_MESHES)
+
+
+def test_the_sequence_parallel_causal_lm_on_a_tensor_mesh_equals_one_device(tp_config,
+                                                                            tmp_path):
+  assert_like_one_device(sequence_parallel(dense(tp_config, "causal")), tmp_path,
+                         MESHES[:1])
+
+
 def test_the_sparse_ff_and_sparse_qkv_lm_on_tensor_meshes_equals_one_device(tp_config,
                                                                             tmp_path):
   """In training mode (the gradients too), the sparse FF draws its Gumbel noise and its
   hard/soft choice per call from the `routing` stream: the same values on every mesh (JAX's
   partitionable threefry)."""
   assert_like_one_device(sparse(tp_config), tmp_path, DENSE_MESHES, train=True)
+
+
+@pytest.mark.parametrize("variant", PKM_FFS)
+def test_the_pkm_lm_on_tensor_meshes_equals_one_device(tp_config, tmp_path, variant):
+  """The values read as a matrix are split by row (`layers.pkm`); the gathered ones stay
+  whole. The dense paths on two meshes, Lample's top-knn on one."""
+  meshes = MESHES[:2] if variant in ("relu", "softmax") else MESHES[1:2]
+  assert_like_one_device(pkm(tp_config, variant), tmp_path, meshes)
+
+
+def test_the_topk_ff_lm_on_tensor_meshes_equals_one_device(tp_config, tmp_path):
+  """Each token's top 8 hidden units chosen across the devices that hold them
+  (`layers.topk_ff.split_top_k_mask`); the steps train with the hidden dropout."""
+  assert_like_one_device(topk(tp_config), tmp_path, MESHES[:2])
 
 
 def test_the_switchhead_lm_on_tensor_meshes_equals_one_device(tp_config, tmp_path):
@@ -245,6 +302,35 @@ def test_the_roberta_encoder_fine_tuned_on_tensor_meshes_equals_one_device(tmp_p
   the classification head's hidden layer (`mlp`)."""
   assert_like_one_device(roberta_rte(tmp_path), tmp_path, DENSE_MESHES[1:],
                          batch=classification_batch(), zero="['key']['bias']")
+
+
+@pytest.mark.usefixtures("offline_glue")
+@pytest.mark.parametrize("method", ["spartan", "houlsby", "pfeiffer"])
+def test_the_roberta_encoder_with_plug_ins_on_tensor_meshes_equals_one_device(tmp_path,
+                                                                              method):
+  """SPARTAN's memory (16 parents of 3 children, top 8) after every layer, or the adapters,
+  over the frozen encoder split as above: the plug-ins stay whole on every device of `tensor`
+  (`layers.spartan`, `layers.adapters` say why). Every gradient is compared, the frozen
+  backbone's too."""
+  assert_like_one_device(roberta_rte(tmp_path, method), tmp_path, DENSE_MESHES[1:],
+                         batch=classification_batch(), zero="['key']['bias']")
+
+
+def test_the_lm_with_a_multiplicative_output_on_tensor_meshes_equals_one_device(tp_config,
+                                                                                tmp_path):
+  """Scaling Transformers' sparse loss layer (`model.loss_sparsity` 8: 8 modules of 32
+  tokens, whole modules per device) with the dense FF."""
+  tp_config.model.loss_sparsity = 8
+  assert_like_one_device(dense(tp_config), tmp_path, MESHES[:2])
+
+
+def test_the_lm_with_plug_ins_on_a_tensor_mesh_equals_one_device(tp_config, tmp_path):
+  """The decoder LM with a SPARTAN memory (8 parents of 2 children, top 4) and Houlsby
+  adapters (bottleneck 8) in every block, all of it trained: the plug-ins whole on each
+  device of `tensor`, as in the encoder."""
+  tp_config.model.memory = {"kind": "spartan", "n_parents": 8, "n_children": 2, "top_k": 4}
+  tp_config.model.adapters = {"kind": "houlsby", "bottleneck": 8}
+  assert_like_one_device(dense(tp_config), tmp_path, MESHES[1:2])
 
 
 def test_saved_on_tensor_4_resumes_on_data_2_tensor_2_and_on_one_device(tp_config, tmp_path,
