@@ -34,6 +34,9 @@ mesh. Adam's moments inside `nnx.Optimizer` carry the metadata of the parameter 
 The logical axes (`LOGICAL_AXES`):
 
 - `batch`: the examples of a batch (activations, the XL memory, expert-parallel tokens).
+- `length`: the positions of a sequence in the residual stream and the XL memory, split over
+  `tensor` between the tensor-parallel regions where the model asks for it (sequence
+  parallelism, `model.sequence_parallel`; no parameter has this axis).
 - `experts`: the expert dimension of MoE expert weights; each expert lives on one device of
   `expert`.
 - `expert_scores`: a router's per-expert score dimension (its selector's rows). Not split
@@ -78,11 +81,12 @@ MESH_AXES = (DATA, FSDP, EXPERT, TENSOR)
 BATCH_AXES = (DATA, FSDP, EXPERT)  # Not `tensor`: its devices hold the same batch rows.
 
 LOGICAL_AXES_KEY = "logical_axes"  # The variable metadata holding a parameter's axes.
-LOGICAL_AXES = ("batch", "experts", "expert_scores", "embed", "mlp", "lowrank", "vocab",
-                "heads", "head_dim", "memory", "classes", "conv", "key_half")
+LOGICAL_AXES = ("batch", "length", "experts", "expert_scores", "embed", "mlp", "lowrank",
+                "vocab", "heads", "head_dim", "memory", "classes", "conv", "key_half")
 
 RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("batch", BATCH_AXES),
+    ("length", (TENSOR,)),
     ("experts", (EXPERT,)),
     ("heads", (TENSOR,)),
     ("mlp", (TENSOR,)),
@@ -228,6 +232,21 @@ def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
   spec = PartitionSpec(*(None if not axes else axes[0] if len(axes) == 1 else axes
                          for axes in split))
   return jax.lax.with_sharding_constraint(x, spec)
+
+
+def sequence_shards(x_bt_: jax.Array) -> jax.Array:
+  """`x [B, T, ...]` split along T over `tensor` (and its rows over the batch axes): the
+  residual stream between the tensor-parallel regions under sequence parallelism (Korthikanti
+  et al. 2022), where LayerNorm, dropout and the residual add run on each device's positions.
+  A row-parallel output constrained so is reduce-scattered instead of all-reduced."""
+  return constrain(x_bt_, ("batch", "length") + (None,) * (x_bt_.ndim - 2))
+
+
+def whole_sequences(x_bt_: jax.Array) -> jax.Array:
+  """`x [B, T, ...]` whole along T on every device of `tensor` (its rows over the batch
+  axes): the all-gather at the entry of a tensor-parallel region under sequence parallelism
+  (its transpose reduce-scatters the input gradient)."""
+  return constrain(x_bt_, ("batch",) + (None,) * (x_bt_.ndim - 1))
 
 
 def declared_axes(variable: nnx.Variable) -> tuple[str, ...] | None:

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sparse_jax import parallel
-from sparse_jax.layers import cudnn_attention, initializers
+from sparse_jax.layers import cudnn_attention, initializers, sequence_parallel
 from sparse_jax.layers.precision import f32_einsum
 from sparse_jax.layers.rotary import apply_partial_rotary, rotated_channels
 
@@ -84,6 +84,17 @@ def attend_one(q_b1hc: jax.Array, k_bhkc: jax.Array, v_bhkc: jax.Array, k_bh1c: 
                         v_bhkc.astype(dtype))
              + jnp.einsum("bhk,bhkc->bhc", new_bh1, v_bh1c.astype(dtype)))
   return out_bhc[:, None]
+
+
+def _project_heads(x_btd: jax.Array, *w_dhc: jax.Array) -> tuple[jax.Array, ...]:
+  """`x [B, T, d]` projected into heads by each `w [d, H, Dh]`: `[B, T, H, Dh]` each."""
+  return tuple(jnp.einsum("btd,dhc->bthc", x_btd, w) for w in w_dhc)
+
+
+def _project_out(out_bthc: jax.Array, w_hcd: jax.Array) -> jax.Array:
+  """`[B, T, H, Dh] x [H, Dh, d] -> [B, T, d]` as one matmul over `H * Dh`."""
+  b, t, h, c = out_bthc.shape
+  return out_bthc.reshape(b, t, h * c) @ w_hcd.reshape(h * c, -1)
 
 
 KV_CACHE_AXES = ("batch", "heads", None, None)  # Of `[B, H, max_len, Dh]` (`sparse_jax.parallel`).
@@ -171,13 +182,13 @@ class CausalSelfAttention(nnx.Module):
   def project_qkv(self, x_btd: jax.Array, positions_t: jax.Array):
     """`[B, T, d_model]` at absolute positions `[T]` -> q, k, v `[B, T, H, Dh]` (q, k rotated)."""
     dtype = x_btd.dtype
-
-    def project(w, b):
-      y_bthc = jnp.einsum("btd,dhc->bthc", x_btd, w[...].astype(dtype))
-      return y_bthc if b is None else y_bthc + b[...].astype(dtype)
-
-    q_bthc, k_bthc, v_bthc = (project(self.w_q, self.b_q), project(self.w_k, self.b_k),
-                              project(self.w_v, self.b_v))
+    weights = [(w[...].astype(dtype), initializers.HEAD_IN_AXES)
+               for w in (self.w_q, self.w_k, self.w_v)]
+    q_bthc, k_bthc, v_bthc = sequence_parallel.column_parallel(
+        _project_heads, [x_btd], weights, [sequence_parallel.HEADS_AXES] * 3)
+    if self.b_q is not None:
+      q_bthc, k_bthc, v_bthc = (y_bthc + b[...].astype(dtype) for y_bthc, b in
+                                zip((q_bthc, k_bthc, v_bthc), (self.b_q, self.b_k, self.b_v)))
     if self.rotary:
       q_bthc, k_bthc = (apply_partial_rotary(q_bthc, positions_t, self.n_rotate),
                         apply_partial_rotary(k_bthc, positions_t, self.n_rotate))
@@ -186,9 +197,9 @@ class CausalSelfAttention(nnx.Module):
   def project_out(self, out_bthc: jax.Array) -> jax.Array:
     """`[B, T, H, Dh] -> [B, T, d_model]` as one matmul over `H * Dh`: XLA:CPU runs the
     two-axis einsum 7x slower at d_model 9216 (the 17B decode benchmark)."""
-    b, t, h, c = out_bthc.shape
-    w_o = self.w_o[...].astype(out_bthc.dtype).reshape(h * c, -1)
-    y_btd = out_bthc.reshape(b, t, h * c) @ w_o
+    y_btd = sequence_parallel.row_parallel(
+        _project_out, [(out_bthc, sequence_parallel.HEADS_AXES)],
+        [(self.w_o[...].astype(out_bthc.dtype), initializers.HEAD_OUT_AXES)])
     return y_btd if self.b_o is None else y_btd + self.b_o[...].astype(y_btd.dtype)
 
   def __call__(self, x_btd: jax.Array) -> jax.Array:

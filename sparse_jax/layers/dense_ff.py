@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sparse_jax.layers import initializers
+from sparse_jax.layers import initializers, sequence_parallel
 from sparse_jax.layers.feed_forward import FeedForward
 
 
@@ -44,12 +44,18 @@ class DenseFF(FeedForward):
     """`u = hidden(x W1 + b1)` `[..., d_ff]`: the hidden units whose active channels the
     sigma-MoE paper counts (Fig. 1)."""
     dtype = x_btd.dtype
-    return self.hidden(x_btd @ self.w_up[...].astype(dtype) + self.b_up[...].astype(dtype))
+    pre_btf, = sequence_parallel.column_parallel(
+        lambda x, w: (x @ w,), [x_btd], [(self.w_up[...].astype(dtype), ("embed", "mlp"))],
+        [("batch", None, "mlp")])
+    return self.hidden(pre_btf + self.b_up[...].astype(dtype))
 
   def __call__(self, x_btd: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
     dtype = x_btd.dtype
     h_btf = self.up(x_btd)
-    y_btd = h_btf @ self.w_down[...].astype(dtype) + self.b_down[...].astype(dtype)
+    y_btd = sequence_parallel.row_parallel(
+        jnp.matmul, [(h_btf, ("batch", None, "mlp"))],
+        [(self.w_down[...].astype(dtype), ("mlp", "embed"))])
+    y_btd = y_btd + self.b_down[...].astype(dtype)
     return y_btd, {"reg_loss": jnp.zeros((), jnp.float32)}
 
   def flops_per_token(self) -> int:

@@ -25,6 +25,7 @@ it. Each head's attention needs only that head's queries, keys, values and posit
 the map adds no communication of its own.
 """
 
+import functools
 import math
 
 import jax
@@ -35,7 +36,7 @@ from pallas_kernels.xl_attention import (XL_IMPLS, aligned_width, use_fused, xl_
                                          zero_pad)
 
 from sparse_jax import parallel
-from sparse_jax.layers import initializers
+from sparse_jax.layers import initializers, sequence_parallel
 from sparse_jax.layers.precision import f32_einsum
 
 
@@ -73,6 +74,17 @@ def attention_mask(t: int, k: int, mem_valid: jax.Array) -> jax.Array:
   i = jnp.arange(t)[:, None]
   j = jnp.arange(k)[None, :]
   return (j <= m + i) & (j >= m - mem_valid)
+
+
+def _project_qkv(*args, n_queries: int):
+  """`(q [B, T, H, Dh], k, v [B, K, H, Dh])` of the context given in parts (memory, segment:
+  concatenated along K), q of its last `n_queries` rows; weights `w_q [d, H, Dh]`,
+  `w_kv [2, d, H, Dh]`."""
+  *parts_bkd, w_q_dhc, w_kv_2dhc = args
+  ctx_bkd = jnp.concatenate(parts_bkd, axis=1) if len(parts_bkd) > 1 else parts_bkd[0]
+  x_btd = ctx_bkd[:, ctx_bkd.shape[1] - n_queries:]
+  k_bkhc, v_bkhc = jnp.einsum("bkd,sdhc->sbkhc", ctx_bkd, w_kv_2dhc)
+  return jnp.einsum("btd,dhc->bthc", x_btd, w_q_dhc), k_bkhc, v_bkhc
 
 
 def attend_relative(q_content_bthc: jax.Array, q_position_bthc: jax.Array, k_bkhc: jax.Array,
@@ -151,31 +163,36 @@ class RelativeMultiHeadAttention(nnx.Module):
     self.scale = (nnx.Param(jnp.full((), 1 / math.sqrt(head_dim), jnp.float32), logical_axes=())
                   if learned_scale else None)
 
-  def __call__(self, ctx_bkd: jax.Array, n_queries: int, mem_valid: jax.Array) -> jax.Array:
+  def __call__(self, ctx_bkd: jax.Array | tuple[jax.Array, ...], n_queries: int,
+               mem_valid: jax.Array) -> jax.Array:
     """Attends from the last `n_queries` rows of the context to the whole context.
 
     Args:
-      ctx_bkd: `[B, K, d_model]` normalised `[memory; segment]`, K = M + T.
+      ctx_bkd: `[B, K, d_model]` normalised `[memory; segment]`, K = M + T; or its parts
+        (memory, segment) to be joined along K, as the decoder block gives them under
+        sequence parallelism (`layers.sequence_parallel`: each gathered from its shards).
       n_queries: T, the segment length; the queries are `ctx_bkd[:, -T:]`.
       mem_valid: int scalar, how many trailing memory rows hold real tokens.
     Returns:
       `[B, T, d_model]`.
     """
-    dtype = ctx_bkd.dtype
-    b, k, _ = ctx_bkd.shape
-    t = n_queries
+    parts = tuple(ctx_bkd) if isinstance(ctx_bkd, (tuple, list)) else (ctx_bkd,)
+    dtype = parts[0].dtype
+    k, t = sum(part.shape[1] for part in parts), n_queries
     fused = use_fused(self.impl, self.attn_dropout.rate)
     # The fused kernels load whole 16-byte vectors: their heads get zero channels up to a
     # whole number of them (41 -> 48 in bf16) in the weights, so the projections write padded
     # heads and the output projection reads them; the padding's products are zeros.
     width = aligned_width(self.head_dim, dtype) if fused else self.head_dim
     head_weight = lambda w, axis: zero_pad(w[...].astype(dtype), width, axis)
-    x_btd = ctx_bkd[:, k - t:]
-    q_bthc = jnp.einsum("btd,dhc->bthc", x_btd, head_weight(self.w_q, 2))
     # K and V in one product, so that the backward pass forms the context's gradient from
     # both in one matmul: split over `tensor` (by head), one all-reduce of it, not two.
     w_kv_2dhc = jnp.stack([head_weight(self.w_k, 2), head_weight(self.w_v, 2)])
-    k_bkhc, v_bkhc = jnp.einsum("bkd,sdhc->sbkhc", ctx_bkd, w_kv_2dhc)
+    head_in = initializers.HEAD_IN_AXES
+    q_bthc, k_bkhc, v_bkhc = sequence_parallel.column_parallel(
+        functools.partial(_project_qkv, n_queries=t), parts,
+        [(head_weight(self.w_q, 2), head_in), (w_kv_2dhc, (None,) + head_in)],
+        [sequence_parallel.HEADS_AXES] * 3)
     distances_k = jnp.arange(k - 1, -1, -1)
     pos_kd = sinusoid_embedding(distances_k, self.d_model).astype(dtype)
     r_khc = jnp.einsum("kd,dhc->khc", pos_kd, head_weight(self.w_r, 2))
@@ -185,4 +202,7 @@ class RelativeMultiHeadAttention(nnx.Module):
     scale = 1 / math.sqrt(self.head_dim) if self.scale is None else self.scale[...]
     out_bthc = attend_relative(q_u, q_v, k_bkhc, v_bkhc, r_khc, scale, mem_valid,
                                self.attn_dropout, fused=fused)
-    return jnp.einsum("bthc,hcd->btd", out_bthc, head_weight(self.w_o, 1))
+    return sequence_parallel.row_parallel(
+        functools.partial(jnp.einsum, "bthc,hcd->btd"),
+        [(out_bthc, sequence_parallel.HEADS_AXES)],
+        [(head_weight(self.w_o, 1), initializers.HEAD_OUT_AXES)])

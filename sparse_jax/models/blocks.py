@@ -20,12 +20,18 @@ bottleneck adapters on the sublayers (`sparse_jax.layers.adapters`). The attenti
 `model.block_norm="peri"` is MoEUT's peri-LayerNorm: the attention's queries, keys and routers
 read `LN(h)` but SwitchHead's values read `h`; the sigma-MoE FF routes on `LN(h)` and its
 experts read `h`. No LayerNorm sits on the residual path into the values or the experts.
+
+`model.sequence_parallel` (Korthikanti et al. 2022, with `mesh.tensor` > 1): the residual
+stream, LayerNorms, dropout and residual adds run on each device's `T / t` positions; the
+sublayers, called within `layers.sequence_parallel.scope`, all-gather their input along T
+where their tensor-parallel region begins and reduce-scatter their output where it ends.
 """
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from sparse_jax.layers import sequence_parallel
 from sparse_jax.layers.adapters import adapted_residual
 from sparse_jax.layers.causal_attention import CausalSelfAttention
 from sparse_jax.layers.normalization import layer_norm
@@ -99,6 +105,7 @@ class DecoderBlock(nnx.Module):
     self.memory = plugins.build_memory(cfg.memory, d, rngs)
     self.attn_adapter = plugins.build_adapter(cfg.adapters, d, "attn", rngs)
     self.ff_adapter = plugins.build_adapter(cfg.adapters, d, "ff", rngs)
+    self.sequence_parallel = cfg.sequence_parallel
 
   def _feed_forward(self, h_btd, *, decoding: bool):
     """The FF sublayer, then the memory; when decoding, the FF's sparse `decode` path if any."""
@@ -113,10 +120,14 @@ class DecoderBlock(nnx.Module):
     return plugins.apply_memory(self.memory, h_btd, aux)
 
   def _attend(self, h_btd, mem_bmd, mem_valid):
-    """The attention sublayer's output and its routing aux (SwitchHead only, else empty)."""
+    """The attention sublayer's output and its routing aux (SwitchHead only, else empty).
+    XL attention's context `[memory; segment]` is normalised part by part (LayerNorm acts
+    per position); under sequence parallelism the attention takes the parts, each on its
+    sequence shards, and gathers them itself."""
     if self.is_xl:
-      ctx_bkd = jnp.concatenate([mem_bmd.astype(h_btd.dtype), h_btd], axis=1)
-      args = (self.attn_norm(ctx_bkd), h_btd.shape[1], mem_valid)
+      parts = tuple(self.attn_norm(x) for x in (mem_bmd.astype(h_btd.dtype), h_btd))
+      context = parts if self.sequence_parallel else jnp.concatenate(parts, axis=1)
+      args = (context, h_btd.shape[1], mem_valid)
     elif self.peri_norm:
       args = (self.attn_norm(h_btd), h_btd)  # SwitchHead's values read the raw residual.
     else:
@@ -129,9 +140,10 @@ class DecoderBlock(nnx.Module):
 
   def __call__(self, h_btd, mem_bmd, mem_valid, *, decoding: bool = False):
     """A segment `[B, T, d]`; `mem_bmd`/`mem_valid` are used by XL attention only."""
-    attended, attn_aux = self._attend(h_btd, mem_bmd, mem_valid)
-    h_btd = adapted_residual(self.attn_adapter, self.dropout(attended), h_btd)
-    h_btd, aux = self._feed_forward(h_btd, decoding=decoding)
+    with sequence_parallel.scope(self.sequence_parallel and not decoding):
+      attended, attn_aux = self._attend(h_btd, mem_bmd, mem_valid)
+      h_btd = adapted_residual(self.attn_adapter, self.dropout(attended), h_btd)
+      h_btd, aux = self._feed_forward(h_btd, decoding=decoding)
     return h_btd, {**attn_aux, **aux}
 
   def decode(self, h_b1d: jax.Array, cache: dict, position: jax.Array):

@@ -22,6 +22,8 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from sparse_jax import parallel
+from sparse_jax.layers import sequence_parallel
 from sparse_jax.layers.multiplicative_dense import MultiplicativeDense
 from sparse_jax.layers.normalization import layer_norm
 from sparse_jax.layers.precision import COMPUTE_DTYPES, f32_einsum
@@ -69,6 +71,7 @@ class TransformerLM(nnx.Module):
     self.dtype = COMPUTE_DTYPES[cfg.dtype]
     self.remat = cfg.remat
     self.scan = cfg.scan_layers
+    self.sequence_parallel = cfg.sequence_parallel
     self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model,
                            embedding_init=_scaled(EMBED_INITS[cfg.embed_init],
                                                   cfg.embed_init_scale),
@@ -116,7 +119,8 @@ class TransformerLM(nnx.Module):
   def __call__(self, tokens_bt: jax.Array, memory: XLMemory | None = None, *,
                decoding: bool = False):
     h_btd, new_memory, aux = self.hidden_states(tokens_bt, memory, decoding=decoding)
-    return self.logits(h_btd), new_memory, aux
+    with sequence_parallel.scope(self.sequence_parallel and not decoding):
+      return self.logits(h_btd), new_memory, aux
 
   def hidden_states(self, tokens_bt: jax.Array, memory: XLMemory | None = None, *,
                     decoding: bool = False):
@@ -125,6 +129,8 @@ class TransformerLM(nnx.Module):
     if memory is None:
       memory = self.init_memory(tokens_bt.shape[0])
     h_btd = self._embed(tokens_bt, 0)
+    if self.sequence_parallel:  # The vocabulary-split lookup's sums, then each one's shard.
+      h_btd = parallel.sequence_shards(parallel.whole_sequences(h_btd))
     call = (_decode_block if decoding
             else rematerialized(_call_block, self.remat, scanned=self.scan))
     h_btd, inputs_lbtd, layer_aux = self._layers(call, h_btd, memory)
@@ -156,7 +162,9 @@ class TransformerLM(nnx.Module):
 
   def logits(self, h_btd: jax.Array) -> jax.Array:
     """Float32 logits from compute-dtype matmuls (`layers.precision`; the multiplicative
-    output's rounded to the compute dtype); tied logits are scaled by `1/sqrt(d_model)`."""
+    output's rounded to the compute dtype); tied logits are scaled by `1/sqrt(d_model)`.
+    Under sequence parallelism `h_btd` is on sequence shards, all-gathered for the
+    vocabulary-split output layer (its input gradient reduce-scattered)."""
     h_btd = h_btd.astype(self.dtype)
     if self.output_kind == "sparse":
       return self.sparse_out(h_btd).astype(jnp.float32) + self.b_out[...]
@@ -164,7 +172,10 @@ class TransformerLM(nnx.Module):
       w_dv = self.embed.embedding[...].T / math.sqrt(self.d_model)
     else:
       w_dv = self.w_out[...]
-    return f32_einsum("...d,dv->...v", h_btd, w_dv.astype(self.dtype)) + self.b_out[...]
+    logits_btv, = sequence_parallel.column_parallel(
+        lambda h, w: (f32_einsum("...d,dv->...v", h, w),), [h_btd],
+        [(w_dv.astype(self.dtype), ("embed", "vocab"))], [("batch", None, "vocab")])
+    return logits_btv + self.b_out[...]
 
   def init_cache(self, batch: int, max_len: int):
     """Decoding state for up to `max_len` tokens: the XL memory, or per-layer KV caches."""

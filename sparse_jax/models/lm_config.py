@@ -103,6 +103,10 @@ class LMConfig(ModelConfig):
   # The layers under one `jax.lax.scan` (`models.layer_scan`): XLA compiles one layer, not
   # `n_layers`; the same parameters, checkpoints and results as unrolled.
   scan_layers: bool = False
+  # With mesh.tensor > 1: the residual stream, LayerNorms and dropout split along the sequence
+  # between the tensor-parallel regions, and the XL memory likewise (`models.blocks`); the
+  # same results, activations stored once per tensor group. No effect on one device.
+  sequence_parallel: bool = False
   tie_embeddings: bool = False  # The output layer reuses the token embedding's table.
   loss_sparsity: schema.NonNegativeInt = 0  # S of the multiplicative output; 0: dense.
   # The token embedding's draw: "fan_in" N(0, 1/d_model), MoEUT's, Trax's and Flax's scale

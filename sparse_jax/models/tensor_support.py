@@ -34,7 +34,10 @@ encoder's embedding table, read by no output layer, stays whole where it does no
 roberta-base's 50265 rows); the sparse FF's blocks `d_ff / block_size` (a block's units stay
 on one device, where its choice is made) and the sparse QKV layer's modules
 `attention_sparsity` (S; with the heads, so module and head boundaries meet at each device's
-edge).
+edge). Sequence parallelism (`model.sequence_parallel`, `layers.sequence_parallel`) so far
+takes the XL and causal attention on XLA and the dense FF, the layers that gather and
+scatter along the sequence themselves; the segment and memory lengths must divide
+(`tasks.lm` checks those).
 """
 
 from sparse_jax import validation
@@ -46,6 +49,7 @@ SWITCHHEAD_KINDS = ("switchhead", "switchhead_xl")
 # The grouped-matmul impls tested split over `tensor`, for the FF's experts and SwitchHead's:
 # the XLA ones, and the Triton and megablox kernels ("auto" resolves to one of these).
 TENSOR_FF_IMPLS = ("auto", "blocked", "ragged", "gather", "pallas", "megablox")
+SEQUENCE_PARALLEL_ATTENTION = ("xl", "causal")
 
 
 def _supported(condition: bool, field: str, tensor: int, allowed: str, got) -> None:
@@ -68,6 +72,21 @@ def check_tensor_parallel(model: ModelConfig, tensor: int) -> None:
   _divides(model.n_heads, "model.n_heads", tensor)
   if isinstance(model, LMConfig):  # The encoder's attention is always `attend` on XLA.
     _check_lm_attention_and_output(model, tensor)
+    if model.sequence_parallel:
+      _check_sequence_parallel(model, tensor)
+
+
+def _check_sequence_parallel(model: LMConfig, tensor: int) -> None:
+  """The layers that gather and scatter along the sequence themselves
+  (`layers.sequence_parallel`): the XL and causal attention on XLA, the dense FF."""
+  _supported(model.attention in SEQUENCE_PARALLEL_ATTENTION, "model.attention", tensor,
+             f"one of {SEQUENCE_PARALLEL_ATTENTION} with model.sequence_parallel",
+             model.attention)
+  _supported(model.attention_impl != "pallas", "model.attention_impl", tensor,
+             "not 'pallas' (the fused XL attention) with model.sequence_parallel",
+             model.attention_impl)
+  _supported(model.ff.kind == "dense", "model.ff.kind", tensor,
+             "'dense' with model.sequence_parallel", model.ff.kind)
 
 
 def _check_ff(ff, tensor: int) -> None:

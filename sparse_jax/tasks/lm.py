@@ -25,7 +25,7 @@ from sparse_jax.data.datasets import DataConfig
 from sparse_jax.data.sources import BadSourceError
 from sparse_jax.models.accounting import attention_report, lm_step_flops, model_report
 from sparse_jax.models.lm import TransformerLM
-from sparse_jax.models.lm_config import LMConfig
+from sparse_jax.models.lm_config import XL_KINDS, LMConfig
 from sparse_jax.models.rngs import make_rngs
 from sparse_jax.models.tensor_support import check_tensor_parallel
 from sparse_jax.models.xl_memory import XLMemory
@@ -76,6 +76,8 @@ class LMExperiment(schema.Schema):
 
   def check(self, path: str) -> None:
     check_tensor_parallel(self.model, self.mesh.tensor)
+    if self.model.sequence_parallel:
+      self._check_sequence_parallel()
     vocab = self.data.spec().vocab_size
     validation.require(self.model.vocab_size >= vocab, "model.vocab_size",
                        f">= the vocabulary of data.name={self.data.name!r} ({vocab})",
@@ -85,6 +87,16 @@ class LMExperiment(schema.Schema):
           2 <= self.copy_half <= self.data.seq_len // 2, "eval.copy_half",
           f"in [2, data.seq_len // 2 = {self.data.seq_len // 2}] (both copies in one training "
           f"segment), or eval.copy_rows=0 to score no copying", self.copy_half)
+
+  def _check_sequence_parallel(self) -> None:
+    """The segment and the XL memories are split along the sequence over `mesh.tensor`."""
+    lengths = {"data.seq_len": self.data.seq_len}
+    if self.model.attention in XL_KINDS:
+      lengths.update({"model.mem_len": self.model.mem_len, "eval.mem_len": self.eval.mem_len})
+    for field, length in lengths.items():
+      validation.require(length % self.mesh.tensor == 0, field,
+                         f"divisible by mesh.tensor={self.mesh.tensor} with "
+                         "model.sequence_parallel (split along the sequence)", length)
 
   @property
   def copy_half(self) -> int:
@@ -217,7 +229,8 @@ class LanguageModelTask(Task):
   def eval_step(self, model: TransformerLM, placement: Placement):
     cfg = self.typed.eval
     memory = jax.eval_shape(lambda: model.init_memory(cfg.batch_size, cfg.mem_len))
-    memory = placement.placed_shapes(memory, placement.memory_shardings())
+    memory = placement.placed_shapes(
+        memory, placement.memory_shardings(self.typed.model.sequence_parallel))
     batch = placement.batch_shapes(_token_batch(cfg.batch_size, self.typed.data.seq_len))
     return make_eval_step(nnx.graphdef(model)), (memory, batch)
 
@@ -226,10 +239,11 @@ class LanguageModelTask(Task):
     return build() if placement is None else placement.create(build)
 
   def init_carry(self, model: TransformerLM, placement: Placement) -> XLMemory:
-    return placement.create_memory(lambda: model.init_memory(self.batch_size))
+    return placement.create_memory(lambda: model.init_memory(self.batch_size),
+                                   self.typed.model.sequence_parallel)
 
   def carry_shardings(self, placement: Placement) -> XLMemory:
-    return placement.memory_shardings()
+    return placement.memory_shardings(self.typed.model.sequence_parallel)
 
   def split_carry(self, memory: XLMemory, n: int) -> XLMemory:
     """Each micro-batch's streams keep their own memory rows (batch axis 1)."""

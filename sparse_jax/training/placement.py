@@ -11,7 +11,7 @@ import grain
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 
 from sparse_jax import parallel, validation
 from sparse_jax.layers.registry import MoEConfig
@@ -69,12 +69,16 @@ class Placement:
   def state_shardings(self, state):
     return parallel.state_shardings(state, self.mesh)
 
-  def memory_shardings(self) -> XLMemory:
-    return XLMemory(parallel.batch_sharding(self.mesh, ndim=4, batch_dim=1),
+  def memory_shardings(self, sequence_parallel: bool = False) -> XLMemory:
+    """The XL memory `[L, B, M, d]`: its rows over the batch axes, and with
+    `sequence_parallel` its positions over `tensor` (as the residual stream it is made of)."""
+    logical = (None, "batch", "length" if sequence_parallel else None, None)
+    return XLMemory(NamedSharding(self.mesh, parallel.partition_spec(logical, mesh=self.mesh)),
                     parallel.replicated(self.mesh))
 
-  def create_memory(self, build: Callable[[], XLMemory]) -> XLMemory:
-    return jax.jit(build, out_shardings=self.memory_shardings())()
+  def create_memory(self, build: Callable[[], XLMemory],
+                    sequence_parallel: bool = False) -> XLMemory:
+    return jax.jit(build, out_shardings=self.memory_shardings(sequence_parallel))()
 
   def batch_shapes(self, shapes: dict[str, jax.ShapeDtypeStruct]
                    ) -> dict[str, jax.ShapeDtypeStruct]:

@@ -73,6 +73,14 @@ def sequence_parallel(config):
   return config
 
 
+def sequence_parallel(config):
+  """Sequence parallelism on the tensor meshes (`layers.sequence_parallel`): the residual
+  stream, LayerNorms, dropout and the XL memory split along the sequence (16 positions, 16
+  of memory: whole shards on every mesh)."""
+  config.model.sequence_parallel = True
+  return config
+
+
 def sparse(config):
   """Scaling Transformers' sparse FF (16 blocks of 4) and sparse QKV attention (8 modules of
   4, one per head): every mesh of 8 splits whole blocks and modules. No dropout, so that the
@@ -248,6 +256,17 @@ def test_the_dense_lm_on_tensor_meshes_equals_one_device(tp_config, tmp_path):
 
 def test_the_dense_causal_lm_on_a_tensor_mesh_equals_one_device(tp_config, tmp_path):
   assert_like_one_device(dense(tp_config, "causal"), tmp_path, MESHES[1:2])
+
+
+def test_the_sequence_parallel_dense_lm_on_tensor_meshes_equals_one_device(tp_config,
+                                                                           tmp_path):
+  assert_like_one_device(sequence_parallel(dense(tp_config)), tmp_path, DENSE_MESHES)
+
+
+def test_the_sequence_parallel_causal_lm_on_a_tensor_mesh_equals_one_device(tp_config,
+                                                                            tmp_path):
+  assert_like_one_device(sequence_parallel(dense(tp_config, "causal")), tmp_path,
+                         MESHES[:1])
 
 
 def test_the_sequence_parallel_dense_lm_on_tensor_meshes_equals_one_device(tp_config,

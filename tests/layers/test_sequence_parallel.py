@@ -1,0 +1,138 @@
+"""Sequence parallelism (`layers.sequence_parallel`): the dense FF and the XL attention on
+sequence shards equal the same layers unsplit (values and gradients, 8 simulated CPU
+devices), their compiled programs all-gather and reduce-scatter activations (never a weight,
+never an all-reduce of activations), and the config check refuses what is not split so.
+
+Tolerances: only the order of float32 sums differs (each device's partial sum over its heads
+or hidden units, then the reduce-scatter), rtol 1e-5 on outputs of magnitude ~1."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from lm_testing import tiny_lm_config
+
+from sparse_jax import parallel
+from sparse_jax.aot.collectives import collectives
+from sparse_jax.layers import sequence_parallel
+from sparse_jax.layers.dense_ff import DenseFF
+from sparse_jax.layers.xl_attention import RelativeMultiHeadAttention
+from sparse_jax.tasks import validate_config
+from sparse_jax.validation import ConfigError
+
+B, T, M, D = 4, 8, 8, 16
+
+
+def _placed(module, mesh):
+  """`module`'s parameters in the shardings their logical axes give on `mesh`."""
+  graphdef, state = nnx.split(module)
+  return nnx.merge(graphdef, jax.device_put(state, parallel.state_shardings(state, mesh)))
+
+
+def _dense_ff():
+  ff = DenseFF(D, 32, n_layers=2, rngs=nnx.Rngs(0))
+
+  def loss(ff, x_btd):
+    y_btd, _ = ff(x_btd)
+    return jnp.sum(jnp.sin(y_btd)), y_btd
+
+  x_btd = jax.random.normal(jax.random.key(1), (B, T, D))
+  return ff, loss, (x_btd,)
+
+
+def _xl_attention():
+  """The XL attention on its context given in parts (memory, segment), as the block gives it."""
+  attn = RelativeMultiHeadAttention(D, 8, 2, n_layers=2, bias_init_std=0.1, impl="xla",
+                                    rngs=nnx.Rngs(0))
+
+  def loss(attn, mem_bmd, x_btd):
+    y_btd = attn((mem_bmd, x_btd), T, jnp.asarray(M - 3))
+    return jnp.sum(jnp.sin(y_btd)), y_btd
+
+  keys = jax.random.split(jax.random.key(1))
+  return attn, loss, (jax.random.normal(keys[0], (B, M, D)), jax.random.normal(keys[1], (B, T, D)))
+
+
+def _value_and_grads(layer, loss, inputs, mesh=None):
+  """The loss, output and gradients (parameters and inputs) of `loss`, unsplit without
+  `mesh`; on `mesh` with the inputs on sequence shards, under a sequence-parallel scope."""
+  grad_fn = nnx.value_and_grad(loss, argnums=(0, *range(1, 1 + len(inputs))), has_aux=True)
+  if mesh is None:
+    return nnx.jit(grad_fn)(layer, *inputs)
+  with jax.set_mesh(mesh), sequence_parallel.scope(True):
+    layer = _placed(layer, mesh)
+    inputs = [jax.device_put(x, jax.NamedSharding(mesh, parallel.partition_spec(
+        ("batch", "length", None), mesh=mesh))) for x in inputs]
+    return nnx.jit(grad_fn)(layer, *inputs)
+
+
+@pytest.mark.parametrize("make", [_dense_ff, _xl_attention], ids=["dense_ff", "xl_attention"])
+@pytest.mark.parametrize("shape", [(1, 1, 1, 8), (2, 1, 1, 4), (1, 2, 1, 4)])
+def test_on_sequence_shards_equals_unsplit(make, shape):
+  layer, loss, inputs = make()
+  (want_loss, want_y), want_grads = _value_and_grads(layer, loss, inputs)
+  (got_loss, got_y), got_grads = _value_and_grads(layer, loss, inputs, parallel.make_mesh(shape))
+  np.testing.assert_allclose(got_y, want_y, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
+  got, want = jax.tree.leaves(nnx.to_pure_dict(got_grads[0])), jax.tree.leaves(
+      nnx.to_pure_dict(want_grads[0]))
+  for g, w in zip(got + list(got_grads[1:]), want + list(want_grads[1:])):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6 * float(np.abs(w).max()))
+
+
+def test_compiled_moves_activations_by_all_gather_and_reduce_scatter():
+  """The dense FF's step on `tensor=4`: forward one all-gather of `x` and one
+  reduce-scatter of `y`, backward their transposes; no weight moved (the weights' gradients
+  stay on their device: the batch is not split). The one other collective: the all-reduce of
+  the output bias's gradient `[d]`, summed over each device's positions (as Megatron's
+  sequence-parallel LayerNorm and bias gradients)."""
+  layer, loss, inputs = _dense_ff()
+  mesh = parallel.make_mesh((1, 1, 1, 4))
+  grad_fn = nnx.value_and_grad(loss, argnums=(0, 1), has_aux=True)
+  with jax.set_mesh(mesh), sequence_parallel.scope(True):
+    layer = _placed(layer, mesh)
+    x = jax.device_put(inputs[0], jax.NamedSharding(mesh, jax.P(None, "tensor")))
+    text = nnx.jit(grad_fn).lower(layer, x).compile().as_text()
+  found = sorted((c.kind, c.shape, c.backward) for c in collectives(text) if c.shape)
+  assert found == [("all-gather", (B, T, D), False), ("all-gather", (B, T, D), True),
+                   ("all-reduce", (D,), True), ("reduce-scatter", (B, T // 4, D), False),
+                   ("reduce-scatter", (B, T // 4, D), True)]
+
+
+@pytest.fixture
+def sp_config(tmp_path):
+  """The tiny dense XL LM on tensor 2 with sequence parallelism."""
+  config = tiny_lm_config(str(tmp_path), str(tmp_path / "tfds"))
+  config.mesh.tensor = 2
+  config.model.update(sequence_parallel=True, n_heads=2)
+  config.model.ff = {"kind": "dense", "d_ff": 64}
+  return config
+
+
+def test_the_config_check_passes_the_split_layers(sp_config):
+  validate_config(sp_config)
+  sp_config.model.update(attention="causal", mem_len=0)
+  validate_config(sp_config)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"model.ff": {"kind": "sigma_moe", "n_experts": 4, "expert_size": 16, "k": 2,
+                   "reg_coef": 0.001}},
+     r"'model.ff.kind' must be 'dense' with model.sequence_parallel"),
+    ({"model.attention": "sparse_qkv", "model.mem_len": 0},
+     r"'model.attention' must be one of \('xl', 'causal'\) with model.sequence_parallel"),
+    ({"model.attention_impl": "pallas"},
+     r"'model.attention_impl' must be not 'pallas' \(the fused XL attention\) with "
+     r"model.sequence_parallel"),
+    ({"data.seq_len": 15}, r"'data.seq_len' must be divisible by mesh.tensor=2 with "
+                           r"model.sequence_parallel.*got 15"),
+    ({"model.mem_len": 15}, r"'model.mem_len' must be divisible by mesh.tensor=2"),
+    ({"eval.mem_len": 33}, r"'eval.mem_len' must be divisible by mesh.tensor=2"),
+])
+def test_the_config_check_refuses_what_is_not_split(sp_config, change, message):
+  for field, value in change.items():
+    section, name = field.split(".")
+    sp_config[section][name] = value
+  with pytest.raises(ConfigError, match=message):
+    validate_config(sp_config)
