@@ -284,12 +284,22 @@ def _sum_over_tensor(y_nd: jax.Array) -> jax.Array:
   return jax.lax.psum(y_nd.astype(jnp.float32), parallel.TENSOR).astype(y_nd.dtype)
 
 
+def _scatter_over_tensor(y_nd: jax.Array, seq_len: int) -> jax.Array:
+  """Sequence parallelism: the partial outputs of the `G` slices, `[B_l * T, d]` rows of
+  whole sequences, added over `tensor` and split along T, `[B_l, T / t, d]` (a
+  reduce-scatter in float32; its transpose all-gathers the output gradient)."""
+  y_btd = y_nd.reshape(-1, seq_len, y_nd.shape[-1]).astype(jnp.float32)
+  return jax.lax.psum_scatter(y_btd, parallel.TENSOR, scatter_dimension=1,
+                              tiled=True).astype(y_nd.dtype)
+
+
 def _tensor_parallel(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, mesh, *, impl, rate, key,
-                     check_vma):
+                     check_vma, seq_len):
   """Every expert on every device of a tensor group, each device on its `G / t` slice of
   them and on its tokens (module docstring; `check_vma` False for a kernel XLA cannot
   partition). Each device folds its position over the batch axes and `tensor` into the
-  dropout key: its mask covers its own rows and units."""
+  dropout key: its mask covers its own rows and units. With `seq_len` (sequence
+  parallelism) the output is `[B, T, d]` on sequence shards (`_scatter_over_tensor`)."""
   check_expert_mesh(mesh, w_up_edg.shape[0], x_nd.shape[0], w_up_edg.shape[2])
   token_axes = parallel.mesh_axes("batch", mesh)
   # The same weights on every device of a batch axis but `expert` (which splits them, size 1
@@ -305,12 +315,15 @@ def _tensor_parallel(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, mesh, *, impl
            else None)
     w_up_edg, w_down_egd = jax.lax.pcast((w_up_edg, w_down_egd), other_axes, to="varying")
     x_nd, gates_nk = _to_tensor_slices(x_nd, gates_nk)
-    return _sum_over_tensor(_local_experts(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd,
-                                           impl=impl, rate=rate, key=key))
+    y_nd = _local_experts(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, impl=impl, rate=rate,
+                          key=key)
+    return _sum_over_tensor(y_nd) if seq_len is None else _scatter_over_tensor(y_nd, seq_len)
 
   keys = () if key is None else (key,)
+  out = tokens if seq_len is None else parallel.partition_spec(("batch", "length", None),
+                                                               mesh=mesh)
   mapped = jax.shard_map(body, in_specs=(tokens,) * 3 + (up, down) + (P(),) * len(keys),
-                         out_specs=tokens, check_vma=check_vma)
+                         out_specs=out, check_vma=check_vma)
   return mapped(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, *keys)
 
 
@@ -378,7 +391,8 @@ def head_parallel(per_heads: Callable, x: jax.Array, x_axes: tuple[str | None, .
 def apply_experts(x_nd: jax.Array, sel_nk: jax.Array, gates_nk: jax.Array,
                   w_up_edg: jax.Array, w_down_egd: jax.Array, *, impl: str = "auto",
                   dropout_rate: float = 0.0, dropout_key: jax.Array | None = None,
-                  exchange: str = "auto", recv_factor: float | None = None) -> jax.Array:
+                  exchange: str = "auto", recv_factor: float | None = None,
+                  seq_len: int | None = None) -> jax.Array:
   """`y_nd`: the gated sum of the k selected experts' outputs for each token.
 
   Uses the ambient mesh (`jax.set_mesh`): with an `expert` axis of size > 1 the tokens are
@@ -389,7 +403,9 @@ def apply_experts(x_nd: jax.Array, sel_nk: jax.Array, gates_nk: jax.Array,
   routing exceeds; see the module docstring for what happens beyond it); the padded
   exchange always holds the worst case. `dropout_key=None` disables hidden dropout; under a
   mesh each device folds its position into the key. The splits are `sparse_jax.parallel`'s
-  for the logical axes `batch` and `experts`.
+  for the logical axes `batch` and `experts`. `seq_len` (sequence parallelism, on a mesh
+  with `tensor` and without `expert`; the rows are whole sequences of that length): the
+  output comes back as `[N / seq_len, seq_len, d]` on sequence shards, reduce-scattered.
   """
   mesh = jax.sharding.get_abstract_mesh()
   n_ep, n_tp = parallel.axis_size(mesh, parallel.EXPERT), parallel.axis_size(mesh, parallel.TENSOR)
@@ -397,10 +413,14 @@ def apply_experts(x_nd: jax.Array, sel_nk: jax.Array, gates_nk: jax.Array,
   check_recv_factor(recv_factor)
   resolved = pallas_kernels.resolve(impl, x_nd.dtype, w_up_edg.shape, w_down_egd.shape)
   check_vma = pallas_kernels.partitionable(resolved)
+  if seq_len is not None and (n_ep > 1 or n_tp == 1):
+    raise ValueError(f"seq_len (sequence parallelism) needs a mesh with tensor > 1 and "
+                     f"expert 1; this one has tensor={n_tp}, expert={n_ep}.")
   if n_ep == 1:
     if n_tp > 1:
       return _tensor_parallel(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, mesh, impl=impl,
-                              rate=dropout_rate, key=dropout_key, check_vma=check_vma)
+                              rate=dropout_rate, key=dropout_key, check_vma=check_vma,
+                              seq_len=seq_len)
     if parallel.batch_shards(mesh) > 1 and not check_vma:
       return _data_parallel(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, mesh, impl=impl,
                             rate=dropout_rate, key=dropout_key)

@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sparse_jax.layers import expert_parallel, initializers
+from sparse_jax import parallel
+from sparse_jax.layers import expert_parallel, initializers, sequence_parallel
 from sparse_jax.layers.feed_forward import FeedForward
 from sparse_jax.layers.routers import SigmaRouter
 from sparse_jax.layers.routers.routing import Router, usage_counts
@@ -81,7 +82,14 @@ class MoE(FeedForward):
   def __call__(self, x: jax.Array, sel_input: jax.Array | None = None
                ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """`sel_input` (default `x`, same shape): what the router reads, where the experts read
-    `x` (MoEUT: the router the LayerNorm'd residual, the experts the raw one)."""
+    `x` (MoEUT: the router the LayerNorm'd residual, the experts the raw one). Under
+    sequence parallelism (`layers.sequence_parallel`) `x [B, T, d]` arrives on sequence
+    shards: the router and the experts read it whole, and the experts' output comes back
+    reduce-scattered onto the shards."""
+    seq_len = x.shape[1] if sequence_parallel.active() else None
+    if seq_len is not None:
+      x = parallel.whole_sequences(x)
+      sel_input = None if sel_input is None else parallel.whole_sequences(sel_input)
     x_nd = self.token_rows(x, self.d_model)
     sel_nd = x_nd if sel_input is None else self.token_rows(sel_input, self.d_model)
     r = self.router(sel_nd, seq_len=x.shape[-2] if x.ndim > 1 else 1)
@@ -90,7 +98,7 @@ class MoE(FeedForward):
     y_nd = expert_parallel.apply_experts(
         x_nd, r.sel_nk, r.gates_nk.astype(dtype), self.w_up[...].astype(dtype),
         self.w_down[...].astype(dtype), impl=self.impl, dropout_rate=self.expert_hidden_dropout,
-        dropout_key=self.rngs() if dropout else None)
+        dropout_key=self.rngs() if dropout else None, seq_len=seq_len)
     usage_e = usage_counts(r.sel_nk, r.gates_nk, self.n_experts)
     aux = {"reg_loss": r.reg_loss.astype(jnp.float32), "expert_usage": usage_e,
            "token_share": usage_e.astype(jnp.float32) / x_nd.shape[0], **r.stats}

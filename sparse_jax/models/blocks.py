@@ -121,12 +121,13 @@ class DecoderBlock(nnx.Module):
 
   def _attend(self, h_btd, mem_bmd, mem_valid):
     """The attention sublayer's output and its routing aux (SwitchHead only, else empty).
-    XL attention's context `[memory; segment]` is normalised part by part (LayerNorm acts
-    per position); under sequence parallelism the attention takes the parts, each on its
-    sequence shards, and gathers them itself."""
+    Under sequence parallelism XL attention's context `[memory; segment]` is normalised
+    part by part (LayerNorm acts per position) and given as the parts, each on its sequence
+    shards, which the attention gathers itself."""
     if self.is_xl:
-      parts = tuple(self.attn_norm(x) for x in (mem_bmd.astype(h_btd.dtype), h_btd))
-      context = parts if self.sequence_parallel else jnp.concatenate(parts, axis=1)
+      parts = (mem_bmd.astype(h_btd.dtype), h_btd)
+      context = (tuple(self.attn_norm(x) for x in parts) if self.sequence_parallel
+                 else self.attn_norm(jnp.concatenate(parts, axis=1)))
       args = (context, h_btd.shape[1], mem_valid)
     elif self.peri_norm:
       args = (self.attn_norm(h_btd), h_btd)  # SwitchHead's values read the raw residual.

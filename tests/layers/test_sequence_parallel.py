@@ -1,5 +1,5 @@
-"""Sequence parallelism (`layers.sequence_parallel`): the dense FF and the XL attention on
-sequence shards equal the same layers unsplit (values and gradients, 8 simulated CPU
+"""Sequence parallelism (`layers.sequence_parallel`): the dense FF, sigma-MoE and the XL
+attention on sequence shards equal the same layers unsplit (values and gradients, 8 simulated CPU
 devices), their compiled programs all-gather and reduce-scatter activations (never a weight,
 never an all-reduce of activations), and the config check refuses what is not split so.
 
@@ -17,6 +17,7 @@ from sparse_jax import parallel
 from sparse_jax.aot.collectives import collectives
 from sparse_jax.layers import sequence_parallel
 from sparse_jax.layers.dense_ff import DenseFF
+from sparse_jax.layers.moe import SigmaMoE
 from sparse_jax.layers.xl_attention import RelativeMultiHeadAttention
 from sparse_jax.tasks import validate_config
 from sparse_jax.validation import ConfigError
@@ -39,6 +40,18 @@ def _dense_ff():
 
   x_btd = jax.random.normal(jax.random.key(1), (B, T, D))
   return ff, loss, (x_btd,)
+
+
+def _sigma_moe():
+  """sigma-MoE (4 experts of 16, k 2; XLA's grouped matmul): its loss adds the entropy
+  regulariser, so the router's gradients are compared too."""
+  moe = SigmaMoE(D, 4, 16, 2, n_layers=2, impl="blocked", rngs=nnx.Rngs(0))
+
+  def loss(moe, x_btd):
+    y_btd, aux = moe(x_btd)
+    return jnp.sum(jnp.sin(y_btd)) + aux["reg_loss"], y_btd
+
+  return moe, loss, (jax.random.normal(jax.random.key(1), (B, T, D)),)
 
 
 def _xl_attention():
@@ -67,7 +80,8 @@ def _value_and_grads(layer, loss, inputs, mesh=None):
     return nnx.jit(grad_fn)(layer, *inputs)
 
 
-@pytest.mark.parametrize("make", [_dense_ff, _xl_attention], ids=["dense_ff", "xl_attention"])
+@pytest.mark.parametrize("make", [_dense_ff, _sigma_moe, _xl_attention],
+                         ids=["dense_ff", "sigma_moe", "xl_attention"])
 @pytest.mark.parametrize("shape", [(1, 1, 1, 8), (2, 1, 1, 4), (1, 2, 1, 4)])
 def test_on_sequence_shards_equals_unsplit(make, shape):
   layer, loss, inputs = make()
@@ -114,12 +128,16 @@ def test_the_config_check_passes_the_split_layers(sp_config):
   validate_config(sp_config)
   sp_config.model.update(attention="causal", mem_len=0)
   validate_config(sp_config)
+  sp_config.model.ff = {"kind": "sigma_moe", "n_experts": 4, "expert_size": 16, "k": 2,
+                        "reg_coef": 0.001}
+  validate_config(sp_config)
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"model.ff": {"kind": "sigma_moe", "n_experts": 4, "expert_size": 16, "k": 2,
-                   "reg_coef": 0.001}},
-     r"'model.ff.kind' must be 'dense' with model.sequence_parallel"),
+    ({"model.ff": {"kind": "sparse_ff", "d_ff": 64, "block_size": 4}},
+     r"'model.ff.kind' must be one of \('dense', 'sigma_moe', .*\) with "
+     r"model.sequence_parallel"),
+    ({"mesh.expert": 2}, r"'mesh.expert' must be 1 with model.sequence_parallel"),
     ({"model.attention": "sparse_qkv", "model.mem_len": 0},
      r"'model.attention' must be one of \('xl', 'causal'\) with model.sequence_parallel"),
     ({"model.attention_impl": "pallas"},

@@ -205,9 +205,11 @@ def lm_batch():
   return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
 
 
-def assert_like_one_device(config, tmp_path, meshes, train=False, batch=None, zero=None):
+def assert_like_one_device(config, tmp_path, meshes, train=False, batch=None, zero=None,
+                           params_atol=1e-4):
   """`batch` (host arrays; default `lm_batch()`) is the one the gradients are compared on;
-  the 3 steps read the task's own data. `zero`: as `assert_grads_close`'s."""
+  the 3 steps read the task's own data. `zero`: as `assert_grads_close`'s. `params_atol`:
+  the parameters' after 3 steps (module docstring)."""
   batch = lm_batch() if batch is None else batch
   want_loss, want_grads = loss_and_grads(config, ONE, batch, train)
   assert all(np.abs(g).max() > 0 for g in jax.tree.leaves(want_grads))
@@ -218,7 +220,8 @@ def assert_like_one_device(config, tmp_path, meshes, train=False, batch=None, ze
     assert_grads_close(grads, want_grads, shape, zero)
     losses, params, run = first_steps(config, str(tmp_path / str(shape)), shape, n_steps=3)
     np.testing.assert_allclose(losses, ref_losses, rtol=2e-5, err_msg=str(shape))
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4, err_msg=str(shape)),
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=params_atol,
+                                                         err_msg=str(shape)),
                  params, ref_params)
     assert_split_over_tensor(run.model, shape[3])
 
@@ -256,6 +259,16 @@ def test_the_dense_lm_on_tensor_meshes_equals_one_device(tp_config, tmp_path):
 
 def test_the_dense_causal_lm_on_a_tensor_mesh_equals_one_device(tp_config, tmp_path):
   assert_like_one_device(dense(tp_config, "causal"), tmp_path, MESHES[1:2])
+
+
+def test_the_sequence_parallel_sigma_moe_lm_on_tensor_meshes_equals_one_device(tp_config,
+                                                                               tmp_path):
+  """The parameters to a tenth of the learning rate: on `tensor=8` one element of the
+  relative-position projection `w_r` ends 1.0e-4 from one device's (an element at gradient
+  noise level, as the module docstring says; the unsplit LayerNorm's order alone moves it
+  1.1e-4); the gradients are compared at the usual tolerance."""
+  assert_like_one_device(sequence_parallel(tp_config), tmp_path, DENSE_MESHES,
+                         params_atol=2e-4)
 
 
 def test_the_sequence_parallel_dense_lm_on_tensor_meshes_equals_one_device(tp_config,
