@@ -3,7 +3,8 @@
 in width (d_model 192, d_ff 1024 in blocks of 16; 24 heads and S = 16, the 17B's 3 heads to 2
 modules, so a head straddles modules; whole blocks, modules and heads on each of 8 devices),
 dense and with sparse FF + sparse QKV at batch 1 on `tensor=8`, and the sparse one at batch 2
-on `data=2,tensor=4` (the rows split too); and a SwitchHead LM on `tensor=8`.
+on `data=2,tensor=4` (the rows split too); a SwitchHead LM and Transformer-XL LMs (dense and
+sigma-MoE FF, decoding through the XL memory) on `tensor=8`.
 
 Tolerances: the mesh changes only the order of float32 sums (each device's partial products
 over its heads or hidden units, then an all-reduce), so the logits agree to a few ulps of
@@ -86,6 +87,20 @@ def test_switchhead_decodes_on_a_tensor_mesh_like_one_device():
   cfg = dict(vocab_size=256, d_model=64, n_layers=2, n_heads=8, mem_len=0, dropout=0.0,
              attention="switchhead", attention_experts=4, attention_k=2,
              ff={"kind": "dense", "d_ff": 128})
+  lm = TransformerLM(cfg, rngs=nnx.Rngs(0))
+  lm.eval()
+  assert_decodes_like_one_device(lm, 1, MESHES["tensor8"][0])
+
+
+@pytest.mark.parametrize("ff", [{"kind": "dense", "d_ff": 128},
+                                {"kind": "sigma_moe", "n_experts": 4, "expert_size": 16,
+                                 "k": 2, "reg_coef": 0.0}], ids=["dense", "sigma_moe"])
+def test_the_xl_lm_decodes_on_a_tensor_mesh_like_one_device(ff):
+  """Transformer-XL attention (8 heads) decodes through its memory of hidden states, which
+  every device of `tensor=8` holds whole; the heads, the FF's hidden units (the experts'
+  columns) and the vocabulary split as in training."""
+  cfg = dict(vocab_size=256, d_model=64, n_layers=2, n_heads=8, mem_len=16, dropout=0.0,
+             attention="xl", ff=ff)
   lm = TransformerLM(cfg, rngs=nnx.Rngs(0))
   lm.eval()
   assert_decodes_like_one_device(lm, 1, MESHES["tensor8"][0])
