@@ -5,6 +5,16 @@ from typing import ClassVar
 import jax
 from flax import nnx
 
+from sparse_jax import parallel
+
+
+def split_over_tensor(size: int) -> bool:
+  """Whether the ambient mesh (`jax.set_mesh`) splits a dimension of `size` over `tensor`:
+  its `tensor` axis is larger than 1 and divides `size` (`parallel.RULES` leave it whole
+  otherwise)."""
+  tensor = parallel.axis_size(jax.sharding.get_abstract_mesh(), parallel.TENSOR)
+  return tensor > 1 and size % tensor == 0
+
 
 class FeedForward(nnx.Module):
   """Base of every feed-forward layer (`model.ff.kind`) and of the SPARTAN memory block.

@@ -12,16 +12,15 @@ of all `n^2` values, summed over the heads, then the activation over all of them
 per-head top-knn of Lample's algorithm.
 
 Tensor parallelism (`sparse_jax.parallel`): the values are the layer's hidden units (the paper
-matches a PKM of `n^2` values to a dense FF of `d_ff = n^2`), so where they are read as a
-matrix (the dense path, and `weighted_value_sum`'s dense read of small tables) they are split
-by row over `tensor` (`mlp`), as the dense FF's down projection is: each device activates
-and reads its own values' scores, and one all-reduce of `B x T x d` adds the partial sums
-(the softmax's normaliser, `[B, T]`, is reduced over the devices first). The sub-keys are
-split by head (`heads`) where `tensor` divides the heads, else whole; their scores are
-`[B, T, H, n]`, small. A gathered read (`knn` values per head from a large table) keeps its
-values whole on each device (`memory`, split by `fsdp` only): split by row, XLA's
-partitioner all-reduces the gathered `[B, T, H, knn, d]` rows, `H knn` times an FF's
-all-reduce.
+matches a PKM of `n^2` values to a dense FF of `d_ff = n^2`), so they are split by row over
+`tensor` (`mlp`), as the dense FF's down projection is, and one all-reduce of `B x T x d`
+adds each device's partial sums. Read as a matrix (the dense path, and `weighted_value_sum`'s
+dense read of small tables), XLA's partitioner splits the read by itself: each device
+activates and reads its own values' scores (a softmax's max and sum reduced over the devices,
+`[B, T]` each). A gathered read (`knn` values per head from a large table) runs in
+`shard_map`, each device gathering the chosen rows it holds
+(`gathered_value_sum_over_tensor`). The sub-keys are split by head (`heads`) where `tensor`
+divides the heads, else whole; their scores are `[B, T, H, n]`, small.
 """
 
 import jax
@@ -29,7 +28,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sparse_jax.layers import initializers
-from sparse_jax.layers.feed_forward import FeedForward
+from sparse_jax import parallel
+from sparse_jax.layers.feed_forward import FeedForward, split_over_tensor
 from sparse_jax.layers.precision import f32_einsum
 
 ACTIVATIONS = ("relu", "softmax")
@@ -74,6 +74,32 @@ def weighted_value_sum(weights_nhk: jax.Array, ids_nhk: jax.Array, values_vd: ja
   weights_nv = jnp.zeros((n, values_vd.shape[0]), weights_nhk.dtype).at[
       rows_nhk, ids_nhk].add(weights_nhk)
   return weights_nv @ values_vd
+
+
+def gathered_value_sum_over_tensor(weights_nhk: jax.Array, ids_nhk: jax.Array,
+                                   values_vd: jax.Array) -> jax.Array:
+  """`weighted_value_sum(..., dense=False)` with the value rows split over the ambient
+  mesh's `tensor` axis (the tokens over the batch axes), in `shard_map`: each device gathers
+  the chosen rows it holds (the others' weights zeroed) and one `psum` adds the partial sums,
+  an all-reduce of `[N, d]` (XLA's partitioner instead all-reduced the gathered
+  `[N, H, knn, d]`). Replicated inputs meet split ones, so shard_map's transposes sum the
+  weights' gradient over `tensor` and the values' over the batch axes."""
+  mesh = jax.sharding.get_abstract_mesh()
+  batch_axes = parallel.mesh_axes("batch", mesh)
+  tokens = lambda ndim: parallel.partition_spec(("batch",) + (None,) * (ndim - 1), mesh=mesh,
+                                                only=batch_axes)
+  rows = parallel.partition_spec(("mlp", None), mesh=mesh, only=(parallel.TENSOR,))
+
+  def body(weights_nhk, ids_nhk, values_ld):
+    n_local = values_ld.shape[0]
+    local_nhk = ids_nhk - jax.lax.axis_index(parallel.TENSOR) * n_local
+    mine_nhk = (local_nhk >= 0) & (local_nhk < n_local)
+    picked_nhkd = jnp.take(values_ld, jnp.clip(local_nhk, 0, n_local - 1), axis=0)
+    y_nd = jnp.einsum("nhk,nhkd->nd", jnp.where(mine_nhk, weights_nhk, 0), picked_nhkd)
+    return jax.lax.psum(y_nd, parallel.TENSOR)
+
+  return jax.shard_map(body, in_specs=(tokens(3), tokens(3), rows),
+                       out_specs=tokens(2))(weights_nhk, ids_nhk, values_vd)
 
 
 def dense_scores(scores_a_nhs: jax.Array, scores_b_nhs: jax.Array) -> jax.Array:
@@ -128,7 +154,7 @@ class PKM(FeedForward):
     self.dense_read = self.dense_path or use_dense_read(n_values, n_heads, knn)
     self.values = nnx.Param(
         jax.nn.initializers.normal(value_std)(rngs.params(), (n_values, d_model)),
-        logical_axes=("mlp" if self.dense_read else "memory", "embed"))
+        logical_axes=("mlp", "embed"))
 
   def __call__(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
     dtype = x.dtype
@@ -146,11 +172,17 @@ class PKM(FeedForward):
       scores_nhk, ids_nhk = product_key_topk(scores_a, scores_b, self.knn)
       n = scores_nhk.shape[0]
       weights_nhk = self._activate(scores_nhk.reshape(n, -1)).reshape(scores_nhk.shape)
-      y_nd = weighted_value_sum(weights_nhk.astype(dtype), ids_nhk, values,
-                                dense=self.dense_read)
+      y_nd = self._read(weights_nhk.astype(dtype), ids_nhk, values)
       usage = jnp.zeros((self.n_subkeys ** 2,), jnp.int32).at[ids_nhk].add(1)
     return y_nd.reshape(x.shape), {"reg_loss": jnp.zeros((), jnp.float32),
                                    "value_usage": usage}
+
+  def _read(self, weights_nhk: jax.Array, ids_nhk: jax.Array, values_vd: jax.Array):
+    """The top-knn path's `sum_{h, k} weights * values[ids]` `[N, d]`: densely for small
+    tables, else gathered, each device its own rows when `tensor` splits them."""
+    if not self.dense_read and split_over_tensor(values_vd.shape[0]):
+      return gathered_value_sum_over_tensor(weights_nhk, ids_nhk, values_vd)
+    return weighted_value_sum(weights_nhk, ids_nhk, values_vd, dense=self.dense_read)
 
   def _activate(self, scores_nm: jax.Array) -> jax.Array:
     """ReLU, or a softmax over each row (all heads x knn, or all values)."""

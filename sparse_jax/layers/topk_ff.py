@@ -18,6 +18,7 @@ from flax import nnx
 
 from sparse_jax import parallel
 from sparse_jax.layers.dense_ff import DenseFF
+from sparse_jax.layers.feed_forward import split_over_tensor
 
 
 def top_k_mask(u_nf: jax.Array, k: int) -> jax.Array:
@@ -61,8 +62,7 @@ def keep_top_k(u_nf: jax.Array, k: int) -> jax.Array:
   """Zeroes all but the k largest entries of each row (ties broken by lowest index); the
   choice made across the devices of `tensor` when the ambient mesh splits the rows
   (`split_top_k_mask`; the config check makes `tensor` divide `d_ff`)."""
-  tensor = parallel.axis_size(jax.sharding.get_abstract_mesh(), parallel.TENSOR)
-  split = tensor > 1 and u_nf.shape[-1] % tensor == 0
+  split = split_over_tensor(u_nf.shape[-1])
   keep_nf = (split_top_k_mask if split else top_k_mask)(jax.lax.stop_gradient(u_nf), k)
   return jnp.where(keep_nf, u_nf, 0)
 

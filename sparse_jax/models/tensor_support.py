@@ -20,9 +20,9 @@ layers (`model.layer_groups`); scanned and rematerialised
 layers; dense and tied output layers; decoding (`sparse_jax.generate(..., mesh=)`); the
 RoBERTa encoder (`models.encoder`: its attention's flattened `heads` projections around the
 decoder's XLA core `attend`, and the same FF registry), fine-tuned whole, its head, or with
-the SPARTAN memory or the adapters (`tasks.classification` refuses a fine-tuned LM, naming
-the field); the top-k FF (by hidden unit, each token's top K chosen across the devices,
-`layers.topk_ff`), PKM (its values read as a matrix by row, `layers.pkm`), the multiplicative
+the SPARTAN memory or the adapters, and so is a fine-tuned LM (`backbone.kind=lm_checkpoint`);
+the top-k FF (by hidden unit, each token's top K chosen across the devices,
+`layers.topk_ff`), PKM (its values by row, `layers.pkm`), the multiplicative
 output (by module: whole vocabulary blocks per device), and the `model.memory` and
 `model.adapters` plug-ins, whole on each device (`layers.spartan`, `layers.adapters`).
 Everything else is refused here, naming the field, until it is split and tested: the cuDNN

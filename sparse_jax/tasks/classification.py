@@ -19,7 +19,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from sparse_jax import parallel, schema, validation
+from sparse_jax import parallel, schema
 from sparse_jax.data import classification, task_batches
 from sparse_jax.finetune import methods
 from sparse_jax.finetune.storage import storage_report
@@ -57,14 +57,6 @@ class ClassificationExperiment(schema.Schema):
   train: BatchedTrainConfig
   eval: ClassificationEvalConfig
   mesh: parallel.MeshConfig
-
-  def check(self, path: str) -> None:
-    del path
-    if self.mesh.tensor > 1:  # The backbone's own fields: `ClassificationTask.check_mesh`.
-      validation.require(self.backbone.kind == "hf_roberta", "backbone.kind",
-                         f"'hf_roberta' with mesh.tensor={self.mesh.tensor} (the RoBERTa "
-                         "encoder; a fine-tuned LM is not split over tensor yet)",
-                         self.backbone.kind)
 
 
 def task_loss(logits_bc: jax.Array, labels_b: jax.Array) -> jax.Array:
@@ -130,7 +122,7 @@ class ClassificationTask(Task):
     placement.check_batch(self.typed.train.batch_size, "train.batch_size")
     placement.check_batch(self.typed.eval.batch_size, "eval.batch_size")
     tensor = parallel.axis_size(placement.mesh, parallel.TENSOR)
-    if tensor > 1:  # The backbone's fields, read from its config.json.
+    if tensor > 1:  # The backbone's fields (its config.json, or the LM run's saved config).
       model_cfg = methods.with_method(backbones.backbone_model_config(self.typed.backbone),
                                       self.typed.method)
       check_tensor_parallel(ModelConfig.parse(model_cfg, "model"), tensor)

@@ -8,7 +8,8 @@ import pytest
 from flax import nnx
 
 from sparse_jax import parallel
-from sparse_jax.layers.pkm import PKM, product_key_topk, use_dense_read, weighted_value_sum
+from sparse_jax.layers.pkm import (PKM, gathered_value_sum_over_tensor, product_key_topk,
+                                   use_dense_read, weighted_value_sum)
 from sparse_jax.layers.topk_ff import TopKFF, split_top_k_mask, top_k_mask
 
 
@@ -95,6 +96,24 @@ def test_topk_ff_keeps_exactly_k_units_and_matches_numpy():
   hidden = layer.hidden(jnp.asarray(pre, jnp.float32))
   assert np.all(np.count_nonzero(np.asarray(hidden), axis=-1) == k)
   assert layer.flops_per_token() == d * d_ff + k * d
+
+
+def test_the_gathered_read_split_over_tensor_equals_one_devices_with_its_gradients():
+  """8 tokens read 2 heads x 3 of 64 values (repeats included); on data 2 x tensor 4 each
+  device reads the rows it holds: the sum and the gradients of the weights and of the table
+  equal the one-device gather's (f32; only the order of the partial sums differs)."""
+  rng = np.random.default_rng(0)
+  weights = jnp.asarray(rng.normal(size=(8, 2, 3)), jnp.float32)
+  ids = jnp.asarray(rng.integers(0, 64, (8, 2, 3)), jnp.int32)
+  values = jnp.asarray(rng.normal(size=(64, 6)), jnp.float32)
+
+  def objective(read):
+    return jax.value_and_grad(lambda w, v: jnp.sum(jnp.sin(read(w, ids, v))), argnums=(0, 1))
+
+  want = objective(lambda w, i, v: weighted_value_sum(w, i, v, dense=False))(weights, values)
+  with jax.set_mesh(parallel.make_mesh((2, 1, 1, 4))):
+    got = jax.jit(objective(gathered_value_sum_over_tensor))(weights, values)
+  jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6), got, want)
 
 
 @pytest.mark.parametrize("shape, k", [((1, 1, 1, 8), 3), ((1, 1, 1, 8), 9),
