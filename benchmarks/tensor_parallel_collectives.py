@@ -2,7 +2,7 @@
 
     python -m benchmarks.tensor_parallel_collectives [--batch=8] [--seq_len=128]
         [--d_model=256] [--n_heads=8] [--d_ff=1024] [--n_experts=16] [--expert_size=64]
-        [--block_size=32] [--attention_experts=4] [--tensors=1,2,4]
+        [--block_size=32] [--attention_experts=4] [--tensors=1,2,4] [--models=dense,...]
         [--out=benchmarks/tensor_parallel_collectives_cpu.json]
 
 The training steps of the dense and of the sigma-MoE LM (Transformer-XL attention with a
@@ -20,7 +20,10 @@ apart. Megatron's count per layer (Shoeybi et al. 2019): two all-reduces of `B x
 forward (after the attention output and the FF down projection) and two backward (the
 input gradients of Q/K/V and of the FF up projection). The sparse QKV attention has no output
 layer: its heads are all-gathered instead (half an all-reduce's traffic), and its module
-convolutions exchange neighbouring modules (collective-permutes). Bytes are those of the
+convolutions exchange neighbouring modules (collective-permutes). `dense_sequence_parallel`
+and `sigma_moe_sequence_parallel` are the first two with `model.sequence_parallel`, against
+Megatron's count with sequence parallelism (Korthikanti et al. 2022): each all-reduce an
+all-gather of `B x T x d` and a reduce-scatter into `B x T/t x d`. Bytes are those of the
 arrays the collectives produce (what a ring all-reduce moves is 2 (t - 1) / t of that per
 device). Prints the table and writes JSON.
 """
@@ -41,8 +44,11 @@ from sparse_jax.tasks import task_for
 from sparse_jax.training.compile_only import trace_train_step
 from sparse_jax.training.placement import Placement
 
-MODELS = ("dense", "sigma_moe", "sparse_ff_qkv", "switchhead")
+SEQUENCE_PARALLEL = "_sequence_parallel"  # A model's name with it: `model.sequence_parallel`.
+MODELS = ("dense", "dense" + SEQUENCE_PARALLEL, "sigma_moe", "sigma_moe" + SEQUENCE_PARALLEL,
+          "sparse_ff_qkv", "switchhead")
 COUNTED = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+ABBREVIATIONS = dict(zip(COUNTED, ("AR", "AG", "RS", "A2A", "CP")))
 
 
 def model_config(kind: str, n_layers: int, tensor: int, args):
@@ -52,6 +58,8 @@ def model_config(kind: str, n_layers: int, tensor: int, args):
   config.eval.batch_size = args.batch
   config.model.update(d_model=args.d_model, n_layers=n_layers, n_heads=args.n_heads,
                       mem_len=args.seq_len, vocab_size=256, dropout=0.0)
+  config.model.sequence_parallel = kind.endswith(SEQUENCE_PARALLEL)
+  kind = kind.removesuffix(SEQUENCE_PARALLEL)
   if kind == "dense":
     config.model.ff = {"kind": "dense", "d_ff": args.d_ff}
   elif kind == "sparse_ff_qkv":
@@ -93,18 +101,26 @@ def row(kind: str, tensor: int, args) -> dict:
               for n in (1, 2))
   layer = {k: two[k] - one[k] for k in set(one) | set(two)}
   rest = {k: one[k] - layer[k] for k in set(one) | set(layer)}
-  megatron = 0 if tensor == 1 else 2
+  common = {"model": kind, "tensor": tensor,
+            "layer": {f"{k[0]} {k[1]} {k[2]}": v for k, v in sorted(layer.items(), key=str)
+                      if isinstance(k, tuple) and v},
+            "rest": {f"{k[0]} {k[1]} {k[2]}": v for k, v in sorted(rest.items(), key=str)
+                     if isinstance(k, tuple) and v},
+            "in_loop": two["in_loop"]}  # collectives inside `while` bodies (none expected)
+  return {**common, "megatron_layer": megatron_layer(kind, tensor, args)}
+
+
+def megatron_layer(kind: str, tensor: int, args) -> dict:
+  """Megatron's collectives per layer (module docstring): two all-reduces of `B x T x d`
+  each way; with sequence parallelism each is an all-gather of `B x T x d` and a
+  reduce-scatter into `B x T/t x d` (the bytes of one device's part)."""
+  if tensor == 1:
+    return {}
   activation_bytes = args.batch * args.seq_len * args.d_model * 4
-  return {"model": kind, "tensor": tensor,
-          "layer": {f"{k[0]} {k[1]} {k[2]}": v for k, v in sorted(layer.items(), key=str)
-                    if isinstance(k, tuple) and v},
-          "rest": {f"{k[0]} {k[1]} {k[2]}": v for k, v in sorted(rest.items(), key=str)
-                   if isinstance(k, tuple) and v},
-          "in_loop": two["in_loop"],  # collectives inside `while` bodies (none expected)
-          "megatron_layer": {"all-reduce fwd n": megatron,
-                             "all-reduce fwd bytes": megatron * activation_bytes,
-                             "all-reduce bwd n": megatron,
-                             "all-reduce bwd bytes": megatron * activation_bytes}}
+  ops = ({"all-gather": activation_bytes, "reduce-scatter": activation_bytes // tensor}
+         if kind.endswith(SEQUENCE_PARALLEL) else {"all-reduce": activation_bytes})
+  return {f"{op} {part} {what}": 2 if what == "n" else 2 * nbytes
+          for op, nbytes in ops.items() for part in ("fwd", "bwd") for what in ("n", "bytes")}
 
 
 def _cell(counts: dict, kind: str, parts=("fwd", "bwd")) -> str:
@@ -117,19 +133,20 @@ def _cell(counts: dict, kind: str, parts=("fwd", "bwd")) -> str:
 def print_table(rows: list[dict]) -> None:
   print("per layer, then the rest of the step: count / KiB of the arrays (AR all-reduce, AG "
         "all-gather, RS reduce-scatter, CP collective-permute)")
-  print(f"{'model':<13} {'tensor':>6} {'AR fwd':>10} {'AR bwd':>10} {'Megatron fwd':>13} "
-        f"{'Megatron bwd':>13} {'AG':>8} {'RS':>6} {'CP':>8} {'scalars':>7} | "
-        f"{'rest AR fwd':>11} {'rest AR bwd':>11} {'rest AG':>7}")
+  ops = ("all-reduce", "all-gather", "reduce-scatter")
+  heads = [f"{ABBREVIATIONS[op]} {p}" for op in ops for p in ("fwd", "bwd")]
+  print(f"{'model':<28} {'tensor':>6} " + " ".join(f"{h:>10}" for h in heads)
+        + f" {'CP':>9} {'scalars':>7} {'Megatron fwd':>20} {'Megatron bwd':>20} | "
+        f"{'rest AR fwd':>11} {'rest AR bwd':>11} {'rest AG':>9}")
   for r in rows:
     m, layer, rest = r["megatron_layer"], r["layer"], r["rest"]
-    megatron = [f"{m[f'all-reduce {p} n']} / {m[f'all-reduce {p} bytes'] / 1024:.0f}"
-                for p in ("fwd", "bwd")]
-    print(f"{r['model']:<13} {r['tensor']:>6} {_cell(layer, 'all-reduce', ('fwd',)):>10} "
-          f"{_cell(layer, 'all-reduce', ('bwd',)):>10} {megatron[0]:>13} {megatron[1]:>13} "
-          f"{_cell(layer, 'all-gather'):>8} {_cell(layer, 'reduce-scatter'):>6} "
-          f"{_cell(layer, 'collective-permute'):>8} {layer.get('all-reduce scalar n', 0):>7} | "
-          f"{_cell(rest, 'all-reduce', ('fwd',)):>11} {_cell(rest, 'all-reduce', ('bwd',)):>11} "
-          f"{_cell(rest, 'all-gather'):>7}")
+    megatron = [" + ".join(f"{ABBREVIATIONS[op]} {_cell(m, op, (p,))}" for op in COUNTED
+                           if f"{op} {p} n" in m) or "-" for p in ("fwd", "bwd")]
+    cells = [_cell(layer, op, (p,)) for op in ops for p in ("fwd", "bwd")]
+    print(f"{r['model']:<28} {r['tensor']:>6} " + " ".join(f"{c:>10}" for c in cells)
+          + f" {_cell(layer, 'collective-permute'):>9} {layer.get('all-reduce scalar n', 0):>7}"
+          f" {megatron[0]:>20} {megatron[1]:>20} | {_cell(rest, 'all-reduce', ('fwd',)):>11} "
+          f"{_cell(rest, 'all-reduce', ('bwd',)):>11} {_cell(rest, 'all-gather'):>9}")
 
 
 def main(argv=None) -> dict:
@@ -144,10 +161,12 @@ def main(argv=None) -> dict:
   parser.add_argument("--block_size", type=int, default=32)
   parser.add_argument("--attention_experts", type=int, default=4)
   parser.add_argument("--tensors", default="1,2,4")
+  parser.add_argument("--models", default=",".join(MODELS))
   parser.add_argument("--out", default="benchmarks/tensor_parallel_collectives_cpu.json")
   args = parser.parse_args(argv)
   machine = machine_info()
-  rows = [row(kind, int(t), args) for kind in MODELS for t in args.tensors.split(",")]
+  rows = [row(kind, int(t), args) for kind in args.models.split(",")
+          for t in args.tensors.split(",")]
   print_table(rows)
   result = {"machine": machine, "args": vars(args), "rows": rows}
   write_result(result, args.out)

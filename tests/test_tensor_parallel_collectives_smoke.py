@@ -1,6 +1,6 @@
 """benchmarks/tensor_parallel_collectives.py compiles the dense, sigma-MoE, sparse FF + QKV and
-SwitchHead training steps on a simulated tensor=2 mesh at toy sizes and counts their
-collectives per layer."""
+SwitchHead training steps (the first two also sequence-parallel) on a simulated tensor=2
+mesh at toy sizes and counts their collectives per layer."""
 
 import json
 
@@ -34,4 +34,18 @@ def test_collectives_benchmark_writes_its_table(tmp_path, capsys):
   switchhead = rows["switchhead"]["layer"]
   assert switchhead["all-reduce fwd n"] == 2
   assert switchhead["all-reduce fwd bytes"] == 2 * activation
+  # Sequence parallelism: Megatron's forward again, each all-reduce now a reduce-scatter into
+  # sequence shards, the sublayers' inputs all-gathered (the XL memory's too), no all-reduce.
+  # Backward, the dense layer reduce-scatters its three input gradients (memory, segment,
+  # FF) and all-reduces only parameter gradients; the MoE all-reduces its input gradient
+  # (the router reads the gathered sequence too), then keeps its shard.
+  for model, input_rs in (("dense_sequence_parallel", 3), ("sigma_moe_sequence_parallel", 2)):
+    layer = rows[model]["layer"]
+    assert layer["reduce-scatter fwd n"] == 2
+    assert layer["reduce-scatter fwd bytes"] == 2 * activation // 2
+    assert layer["all-gather fwd n"] == 3 and layer["all-gather fwd bytes"] == 3 * activation
+    assert "all-reduce fwd n" not in layer
+    assert layer["reduce-scatter bwd n"] == input_rs
+    assert layer["all-gather bwd n"] == 2
+  assert rows["dense_sequence_parallel"]["layer"]["all-reduce bwd bytes"] < activation
   assert "sparse_ff_qkv" in capsys.readouterr().out

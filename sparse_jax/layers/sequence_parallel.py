@@ -20,9 +20,15 @@ where the two are the same size). Weights enter as each device's `tensor` slice 
 logical axes give, `parallel.partition_spec`; an `fsdp` split is gathered at the map's edge);
 the weights' gradients are summed over the batch axes by the map's transpose.
 
-`scope(on)` turns it on for the layers called within (the decoder block does, per
-`model.sequence_parallel`); outside a scope, or on a mesh without `tensor`, both functions call
-their body on the arrays as they are: the layers' one code path.
+Without sequence parallelism the same two functions are a tensor-parallel region's edges
+(Megatron's `f` and `g`): the inputs enter whole and marked varying over `tensor`, so that the
+transpose sums the input gradients of all of a region's projections in one all-reduce (XL
+attention's Q and K/V read the same context: one all-reduce of its gradient, where the
+partitioner all-reduced Q's and K/V's apart), and the row-parallel output is all-reduced.
+The decoder block and the output layer trace their layers inside `scope(sequence)`
+(`sequence`: `model.sequence_parallel`); outside a scope (the encoder, a layer called alone),
+or on a mesh without `tensor`, both functions call their body on the arrays as they are: the
+layers' one code path.
 """
 
 import contextlib
@@ -34,27 +40,37 @@ import jax.numpy as jnp
 
 from sparse_jax import parallel
 
-_ACTIVE = contextvars.ContextVar("sequence_parallel", default=False)
+# Inside a `scope`: whether the sequence is split (True) or only the weights (False).
+_SEQUENCE = contextvars.ContextVar("sequence_parallel", default=None)
 
 Axes = tuple[str | None, ...]
 HEADS_AXES = ("batch", None, "heads", None)  # Per-head activations `[B, T, H, Dh]`.
 
 
 @contextlib.contextmanager
-def scope(on: bool):
-  """Sequence parallelism for the layers traced within, if `on` (module docstring)."""
-  token = _ACTIVE.set(on)
+def scope(sequence: bool):
+  """Explicit edges for the tensor-parallel regions of the layers traced within, split along
+  the sequence between them if `sequence` (module docstring)."""
+  token = _SEQUENCE.set(sequence)
   try:
     yield
   finally:
-    _ACTIVE.reset(token)
+    _SEQUENCE.reset(token)
+
+
+def _mode() -> str | None:
+  """"sequence", "tensor" (inside a scope, on a mesh with `tensor` > 1) or None."""
+  sequence = _SEQUENCE.get()
+  mesh = jax.sharding.get_abstract_mesh()
+  if sequence is None or parallel.axis_size(mesh, parallel.TENSOR) == 1:
+    return None
+  return "sequence" if sequence else "tensor"
 
 
 def active() -> bool:
   """Whether the layers being traced run sequence-parallel: inside `scope(True)`, on a mesh
   whose `tensor` axis is larger than 1."""
-  mesh = jax.sharding.get_abstract_mesh()
-  return _ACTIVE.get() and parallel.axis_size(mesh, parallel.TENSOR) > 1
+  return _mode() == "sequence"
 
 
 def _spec(mesh, logical: Axes) -> jax.sharding.PartitionSpec:
@@ -77,44 +93,56 @@ def _shards(x_bt_: jax.Array) -> Axes:
 def column_parallel(body: Callable, xs_bt_: Sequence[jax.Array],
                     weights: Sequence[tuple[jax.Array, Axes]], out_axes: Sequence[Axes]):
   """`body(*xs, *weights)` with each `x [B, T, ...]` whole along T, on each device's slice of
-  the weights (each given with its logical axes) when `active()`; `out_axes` names the
-  logical axes of the body's outputs (a tuple of them), whose `heads` or `mlp` dimension
-  then comes out split over `tensor`. Outside a sequence-parallel scope: `body` on the
-  arrays."""
+  the weights (each given with its logical axes); `out_axes` names the logical axes of the
+  body's outputs (a tuple of them), whose `heads` or `mlp` dimension comes out split over
+  `tensor`. Under sequence parallelism the `xs` arrive on sequence shards and are gathered;
+  otherwise whole, and marked varying over `tensor` so that the transpose sums the input
+  gradients of all the body's projections over `tensor` in one all-reduce per input (left to
+  the partitioner, one per projection). Outside a scope: `body` on the arrays."""
   arrays = [w for w, _ in weights]
-  if not active():
+  mode = _mode()
+  if mode is None:
     return body(*xs_bt_, *arrays)
   mesh = jax.sharding.get_abstract_mesh()
+  n = len(xs_bt_)
 
-  def gathered(*args):
-    xs = [jax.lax.all_gather(x, parallel.TENSOR, axis=1, tiled=True)
-          for x in args[:len(xs_bt_)]]
-    return body(*xs, *args[len(xs_bt_):])
+  def mapped(*args):
+    if mode == "sequence":
+      xs = [jax.lax.all_gather(x, parallel.TENSOR, axis=1, tiled=True) for x in args[:n]]
+    else:
+      xs = jax.lax.pcast(args[:n], parallel.TENSOR, to="varying")
+    return body(*xs, *args[n:])
 
-  in_specs = tuple(_spec(mesh, _shards(x)) for x in xs_bt_) + tuple(
+  x_axes = _shards if mode == "sequence" else lambda x: ("batch",) + (None,) * (x.ndim - 1)
+  in_specs = tuple(_spec(mesh, x_axes(x)) for x in xs_bt_) + tuple(
       _weight_spec(mesh, axes) for _, axes in weights)
   out_specs = tuple(_spec(mesh, axes) for axes in out_axes)
-  return jax.shard_map(gathered, in_specs=in_specs, out_specs=out_specs)(*xs_bt_, *arrays)
+  return jax.shard_map(mapped, in_specs=in_specs, out_specs=out_specs)(*xs_bt_, *arrays)
 
 
 def row_parallel(body: Callable, ys: Sequence[tuple[jax.Array, Axes]],
                  weights: Sequence[tuple[jax.Array, Axes]]) -> jax.Array:
   """`body(*ys, *weights) -> [B, T, d]`, a projection contracting the `tensor`-split heads
   or hidden units of `ys` (each given with its logical axes) with each device's slice of the
-  weights, reduce-scattered along T into sequence shards (summed in float32) when `active()`;
-  outside a sequence-parallel scope, `body` on the arrays."""
+  weights; the partial sums added over `tensor` in float32: reduce-scattered along T into
+  sequence shards under sequence parallelism, else all-reduced. Outside a scope: `body` on
+  the arrays."""
   arrays = [a for a, _ in ys] + [w for w, _ in weights]
-  if not active():
+  mode = _mode()
+  if mode is None:
     return body(*arrays)
   mesh = jax.sharding.get_abstract_mesh()
 
-  def scattered(*args):
+  def mapped(*args):
     partial_btd = body(*args)
-    summed = jax.lax.psum_scatter(partial_btd.astype(jnp.float32), parallel.TENSOR,
-                                  scatter_dimension=1, tiled=True)
+    if mode == "sequence":
+      summed = jax.lax.psum_scatter(partial_btd.astype(jnp.float32), parallel.TENSOR,
+                                    scatter_dimension=1, tiled=True)
+    else:
+      summed = jax.lax.psum(partial_btd.astype(jnp.float32), parallel.TENSOR)
     return summed.astype(partial_btd.dtype)
 
   in_specs = (tuple(_spec(mesh, axes) for _, axes in ys)
               + tuple(_weight_spec(mesh, axes) for _, axes in weights))
-  out_spec = _spec(mesh, ("batch", "length", None))
-  return jax.shard_map(scattered, in_specs=in_specs, out_specs=out_spec)(*arrays)
+  out_axes = ("batch", "length", None) if mode == "sequence" else ("batch", None, None)
+  return jax.shard_map(mapped, in_specs=in_specs, out_specs=_spec(mesh, out_axes))(*arrays)

@@ -67,26 +67,32 @@ def _xl_attention():
   return attn, loss, (jax.random.normal(keys[0], (B, M, D)), jax.random.normal(keys[1], (B, T, D)))
 
 
-def _value_and_grads(layer, loss, inputs, mesh=None):
+def _value_and_grads(layer, loss, inputs, mesh=None, sequence=True):
   """The loss, output and gradients (parameters and inputs) of `loss`, unsplit without
-  `mesh`; on `mesh` with the inputs on sequence shards, under a sequence-parallel scope."""
+  `mesh`; on `mesh` inside a `scope(sequence)`, the inputs on sequence shards if
+  `sequence`, else whole."""
   grad_fn = nnx.value_and_grad(loss, argnums=(0, *range(1, 1 + len(inputs))), has_aux=True)
   if mesh is None:
     return nnx.jit(grad_fn)(layer, *inputs)
-  with jax.set_mesh(mesh), sequence_parallel.scope(True):
+  with jax.set_mesh(mesh), sequence_parallel.scope(sequence):
     layer = _placed(layer, mesh)
+    axes = ("batch", "length" if sequence else None, None)
     inputs = [jax.device_put(x, jax.NamedSharding(mesh, parallel.partition_spec(
-        ("batch", "length", None), mesh=mesh))) for x in inputs]
+        axes, mesh=mesh))) for x in inputs]
     return nnx.jit(grad_fn)(layer, *inputs)
 
 
 @pytest.mark.parametrize("make", [_dense_ff, _sigma_moe, _xl_attention],
                          ids=["dense_ff", "sigma_moe", "xl_attention"])
-@pytest.mark.parametrize("shape", [(1, 1, 1, 8), (2, 1, 1, 4), (1, 2, 1, 4)])
-def test_on_sequence_shards_equals_unsplit(make, shape):
+@pytest.mark.parametrize("shape, sequence", [
+    ((1, 1, 1, 8), True), ((2, 1, 1, 4), True), ((1, 2, 1, 4), True), ((2, 1, 1, 4), False)])
+def test_on_sequence_shards_equals_unsplit(make, shape, sequence):
+  """And without sequence parallelism (`sequence` False): the explicit tensor-parallel
+  edges, the inputs whole."""
   layer, loss, inputs = make()
   (want_loss, want_y), want_grads = _value_and_grads(layer, loss, inputs)
-  (got_loss, got_y), got_grads = _value_and_grads(layer, loss, inputs, parallel.make_mesh(shape))
+  (got_loss, got_y), got_grads = _value_and_grads(layer, loss, inputs,
+                                                  parallel.make_mesh(shape), sequence)
   np.testing.assert_allclose(got_y, want_y, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
   got, want = jax.tree.leaves(nnx.to_pure_dict(got_grads[0])), jax.tree.leaves(
@@ -112,6 +118,24 @@ def test_compiled_moves_activations_by_all_gather_and_reduce_scatter():
   assert found == [("all-gather", (B, T, D), False), ("all-gather", (B, T, D), True),
                    ("all-reduce", (D,), True), ("reduce-scatter", (B, T // 4, D), False),
                    ("reduce-scatter", (B, T // 4, D), True)]
+
+
+def test_xl_attention_all_reduces_its_context_gradient_once():
+  """Without sequence parallelism, on `tensor=4`: forward one all-reduce (the output
+  projection's partial sums), backward one of the context's gradient `[B, M + T, d]` (Q's
+  and K/V's summed on each device first: the partitioner all-reduced them apart)."""
+  layer, _, (mem_bmd, x_btd) = _xl_attention()
+
+  def loss(attn, ctx_bkd):  # One context, as the decoder block gives it.
+    return jnp.sum(jnp.sin(attn(ctx_bkd, T, jnp.asarray(M))))
+
+  mesh = parallel.make_mesh((1, 1, 1, 4))
+  with jax.set_mesh(mesh), sequence_parallel.scope(False):
+    layer = _placed(layer, mesh)
+    ctx_bkd = jnp.concatenate([mem_bmd, x_btd], axis=1)
+    text = nnx.jit(nnx.grad(loss, argnums=(0, 1))).lower(layer, ctx_bkd).compile().as_text()
+  found = sorted((c.kind, c.shape, c.backward) for c in collectives(text) if len(c.shape) == 3)
+  assert found == [("all-reduce", (B, T, D), False), ("all-reduce", (B, M + T, D), True)]
 
 
 @pytest.fixture
