@@ -348,7 +348,7 @@ def token_parallel_cvmm(x: jax.Array, sel_nk: jax.Array, w_eml: jax.Array,
 
 def head_parallel(per_heads: Callable, x: jax.Array, x_axes: tuple[str | None, ...],
                   gates_bthk: jax.Array, sel_bthk: jax.Array, w_rml: jax.Array, *, impl: str,
-                  sum_heads: bool) -> jax.Array:
+                  sum_heads: bool, scatter: bool = False) -> jax.Array:
   """`per_heads(x, gates, sel, w, cvmm=...)`, SwitchHead's expert projection for the heads of
   `gates`/`sel` `[B, T, H, K]` and their experts, rows `h * E + e` of `w_rml`, with the heads
   split over the ambient mesh's `tensor` axis (`x_axes`: the logical axes of `x`).
@@ -360,7 +360,9 @@ def head_parallel(per_heads: Callable, x: jax.Array, x_axes: tuple[str | None, .
   device's heads are added with one `psum` over `tensor` (`sum_heads=True`), whose transpose,
   with the marks below, all-reduces the input gradient of the values' input. A GPU or TPU
   kernel (`pallas_kernels.partitionable` False) runs in a map that does not check varying
-  axes (the module docstring: the marks then do nothing, shard_map's transpose sums).
+  axes (the module docstring: the marks then do nothing, shard_map's transpose sums). With
+  `scatter` (sequence parallelism) the output projection's partial sums `[B, T, d]` are
+  reduce-scattered along T instead, onto sequence shards.
   """
   mesh = jax.sharding.get_abstract_mesh()
   check_vma = pallas_kernels.partitionable(pallas_kernels.resolve(impl, x.dtype, w_rml.shape))
@@ -378,9 +380,12 @@ def head_parallel(per_heads: Callable, x: jax.Array, x_axes: tuple[str | None, .
       x = jax.lax.pcast(x, parallel.TENSOR, to="varying")
     y = per_heads(x, gates_bthk, sel_bthk, w_rml,
                   cvmm=functools.partial(pallas_kernels.cvmm, impl=impl))
-    return _sum_over_tensor(y) if sum_heads else y
+    if not sum_heads:
+      return y
+    return _scatter_over_tensor(y, y.shape[1]) if scatter else _sum_over_tensor(y)
 
-  out = spec(("batch", None, None)) if sum_heads else slots
+  out = (slots if not sum_heads else
+         spec(("batch", "length", None)) if scatter else spec(("batch", None, None)))
   # A device holds its heads' experts whole (fsdp, if any, gathered at the map's edge).
   experts = parallel.partition_spec(("heads", None, None), mesh=mesh, only=(parallel.TENSOR,))
   mapped = jax.shard_map(body, in_specs=(spec(x_axes), slots, slots, experts), out_specs=out,

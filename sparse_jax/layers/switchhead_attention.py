@@ -76,7 +76,7 @@ from flax import nnx
 from pallas_kernels import backends
 from pallas_kernels.xl_attention import use_fused
 from sparse_jax import parallel, validation
-from sparse_jax.layers import initializers
+from sparse_jax.layers import initializers, sequence_parallel
 from sparse_jax.layers.expert_parallel import head_parallel, token_parallel_cvmm
 from sparse_jax.layers.causal_attention import attend_cached, attend_causal, init_kv_cache
 from sparse_jax.layers.cudnn_attention import check_core
@@ -218,7 +218,8 @@ class SwitchHeadAttention(nnx.Module):
     mesh = jax.sharding.get_abstract_mesh()
     if parallel.axis_size(mesh, parallel.TENSOR) > 1:
       return head_parallel(per_heads, x, x_axes, gates_bthk, sel_bthk, w_rml, impl=self.impl,
-                           sum_heads=sum_heads)
+                           sum_heads=sum_heads,
+                           scatter=sum_heads and sequence_parallel.active())
     return per_heads(x, gates_bthk, sel_bthk, w_rml,
                      cvmm=functools.partial(token_parallel_cvmm, impl=self.impl))
 
@@ -260,9 +261,13 @@ class SwitchHeadAttention(nnx.Module):
       regulariser across a shared layer's repeats, `models.moeut_regularizer`).
 
     `v_btd` (default `x_btd`): the input of the expert values; the V router still reads x.
+    Under sequence parallelism (`layers.sequence_parallel`) the inputs arrive on sequence
+    shards and are read whole; the output returns reduce-scattered onto the shards.
     """
     t = x_btd.shape[1]
     v_btd = x_btd if v_btd is None else v_btd
+    if sequence_parallel.active():
+      x_btd, v_btd = parallel.whole_sequences(x_btd), parallel.whole_sequences(v_btd)
     q_bthc, k_bthc = self.project_qk(x_btd, jnp.arange(t))
     gates_v, sel_v, logits_v = self.route(x_btd, self.sel_v)
     gates_o, sel_o, logits_o = self.route(x_btd, self.sel_o)
@@ -333,11 +338,15 @@ class SwitchHeadXLAttention(SwitchHeadAttention):
     self.w_pos = nnx.Param(pos_init(rngs.params(), (d_model, n_heads, head_dim)),
                            logical_axes=("embed", "heads", "head_dim"))
 
-  def apply_with_aux(self, ctx_bkd: jax.Array, n_queries: int, mem_valid: jax.Array
-                     ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  def apply_with_aux(self, ctx_bkd: jax.Array | tuple[jax.Array, ...], n_queries: int,
+                     mem_valid: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The last `n_queries` rows of the normalised context `[B, K, d]` attend to all of it
     (`mem_valid` trailing memory rows are real): `[B, T, d]` and the routing diagnostics
-    (`SwitchHeadAttention.apply_with_aux`; V selections of the segment only)."""
+    (`SwitchHeadAttention.apply_with_aux`; V selections of the segment only). Under
+    sequence parallelism the context comes as its parts (memory, segment), each on its
+    sequence shards, read whole (`RelativeMultiHeadAttention`)."""
+    if isinstance(ctx_bkd, (tuple, list)):
+      ctx_bkd = jnp.concatenate([parallel.whole_sequences(part) for part in ctx_bkd], axis=1)
     dtype = ctx_bkd.dtype
     k, t = ctx_bkd.shape[1], n_queries
     x_btd = ctx_bkd[:, k - t:]
@@ -358,7 +367,8 @@ class SwitchHeadXLAttention(SwitchHeadAttention):
     return self.project_out(out_bthc, gates_o, sel_o), self._aux(
         sel_v[:, k - t:], sel_o, logits_v[:, k - t:], logits_o)
 
-  def __call__(self, ctx_bkd: jax.Array, n_queries: int, mem_valid: jax.Array) -> jax.Array:
+  def __call__(self, ctx_bkd: jax.Array | tuple[jax.Array, ...], n_queries: int,
+               mem_valid: jax.Array) -> jax.Array:
     return self.apply_with_aux(ctx_bkd, n_queries, mem_valid)[0]
 
   def init_cache(self, batch: int, max_len: int, dtype):

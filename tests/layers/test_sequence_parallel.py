@@ -1,5 +1,5 @@
-"""Sequence parallelism (`layers.sequence_parallel`): the dense FF, sigma-MoE and the XL
-attention on sequence shards equal the same layers unsplit (values and gradients, 8 simulated CPU
+"""Sequence parallelism (`layers.sequence_parallel`): the dense FF, sigma-MoE, the XL
+attention and SwitchHead (RoPE and XL) on sequence shards equal the same layers unsplit (values and gradients, 8 simulated CPU
 devices), their compiled programs all-gather and reduce-scatter activations (never a weight,
 never an all-reduce of activations), and the config check refuses what is not split so.
 
@@ -18,6 +18,7 @@ from sparse_jax.aot.collectives import collectives
 from sparse_jax.layers import sequence_parallel
 from sparse_jax.layers.dense_ff import DenseFF
 from sparse_jax.layers.moe import SigmaMoE
+from sparse_jax.layers.switchhead_attention import SwitchHeadAttention, SwitchHeadXLAttention
 from sparse_jax.layers.xl_attention import RelativeMultiHeadAttention
 from sparse_jax.tasks import validate_config
 from sparse_jax.validation import ConfigError
@@ -67,6 +68,32 @@ def _xl_attention():
   return attn, loss, (jax.random.normal(keys[0], (B, M, D)), jax.random.normal(keys[1], (B, T, D)))
 
 
+def _switchhead():
+  """SwitchHead (8 heads of 4 channels, 4 V and O experts each, 2 active; RoPE; XLA's
+  grouped matmul), values reading the raw residual as in MoEUT (`v_btd`)."""
+  attn = SwitchHeadAttention(D, 8, 4, 4, 2, n_layers=2, rope_fraction=1.0, impl="blocked",
+                             rngs=nnx.Rngs(0))
+
+  def loss(attn, x_btd, v_btd):
+    y_btd, _ = attn.apply_with_aux(x_btd, v_btd)
+    return jnp.sum(jnp.sin(y_btd)), y_btd
+
+  keys = jax.random.split(jax.random.key(1))
+  return attn, loss, (jax.random.normal(keys[0], (B, T, D)), jax.random.normal(keys[1], (B, T, D)))
+
+
+def _switchhead_xl():
+  """SwitchHead's Transformer-XL form on its context given in parts (memory, segment)."""
+  attn = SwitchHeadXLAttention(D, 8, 4, 4, 2, n_layers=2, impl="blocked", rngs=nnx.Rngs(0))
+
+  def loss(attn, mem_bmd, x_btd):
+    y_btd = attn((mem_bmd, x_btd), T, jnp.asarray(M - 3))
+    return jnp.sum(jnp.sin(y_btd)), y_btd
+
+  keys = jax.random.split(jax.random.key(1))
+  return attn, loss, (jax.random.normal(keys[0], (B, M, D)), jax.random.normal(keys[1], (B, T, D)))
+
+
 def _value_and_grads(layer, loss, inputs, mesh=None, sequence=True):
   """The loss, output and gradients (parameters and inputs) of `loss`, unsplit without
   `mesh`; on `mesh` inside a `scope(sequence)`, the inputs on sequence shards if
@@ -82,8 +109,10 @@ def _value_and_grads(layer, loss, inputs, mesh=None, sequence=True):
     return nnx.jit(grad_fn)(layer, *inputs)
 
 
-@pytest.mark.parametrize("make", [_dense_ff, _sigma_moe, _xl_attention],
-                         ids=["dense_ff", "sigma_moe", "xl_attention"])
+@pytest.mark.parametrize("make", [_dense_ff, _sigma_moe, _xl_attention, _switchhead,
+                                  _switchhead_xl],
+                         ids=["dense_ff", "sigma_moe", "xl_attention", "switchhead",
+                              "switchhead_xl"])
 @pytest.mark.parametrize("shape, sequence", [
     ((1, 1, 1, 8), True), ((2, 1, 1, 4), True), ((1, 2, 1, 4), True), ((2, 1, 1, 4), False)])
 def test_on_sequence_shards_equals_unsplit(make, shape, sequence):
@@ -163,7 +192,8 @@ def test_the_config_check_passes_the_split_layers(sp_config):
      r"model.sequence_parallel"),
     ({"mesh.expert": 2}, r"'mesh.expert' must be 1 with model.sequence_parallel"),
     ({"model.attention": "sparse_qkv", "model.mem_len": 0},
-     r"'model.attention' must be one of \('xl', 'causal'\) with model.sequence_parallel"),
+     r"'model.attention' must be one of \('xl', 'causal', 'switchhead', 'switchhead_xl'\) "
+     r"with model.sequence_parallel"),
     ({"model.attention_impl": "pallas"},
      r"'model.attention_impl' must be not 'pallas' \(the fused XL attention\) with "
      r"model.sequence_parallel"),

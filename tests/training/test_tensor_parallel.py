@@ -278,6 +278,20 @@ def test_the_sequence_parallel_causal_lm_on_a_tensor_mesh_equals_one_device(tp_c
                          MESHES[:1])
 
 
+def test_the_sequence_parallel_switchhead_lm_on_tensor_meshes_equals_one_device(tp_config,
+                                                                                tmp_path):
+  assert_like_one_device(sequence_parallel(switchhead(tp_config)), tmp_path, DENSE_MESHES)
+
+
+def test_the_sequence_parallel_switchhead_xl_and_moeut_lms_on_a_tensor_mesh_equal_one_device(
+    tp_config, tmp_path):
+  """MoEUT's peri-LayerNorm: SwitchHead's values and the MoE's experts read the raw residual
+  and their routers the normalised one, both gathered from the shards."""
+  assert_like_one_device(sequence_parallel(switchhead(tp_config, "switchhead_xl")),
+                         tmp_path / "xl", MESHES[1:2])
+  assert_like_one_device(moeut(tp_config), tmp_path / "moeut", MESHES[:1])
+
+
 def test_the_sparse_ff_and_sparse_qkv_lm_on_tensor_meshes_equals_one_device(tp_config,
                                                                             tmp_path):
   """In training mode (the gradients too), the sparse FF draws its Gumbel noise and its
@@ -389,9 +403,13 @@ def test_an_lm_backbone_fine_tuned_with_spartan_on_a_tensor_mesh_equals_one_devi
                          zero="_out']")
 
 
+@pytest.mark.parametrize("sequence", [False, True], ids=["", "sequence_parallel"])
 def test_saved_on_tensor_4_resumes_on_data_2_tensor_2_and_on_one_device(tp_config, tmp_path,
-                                                                          monkeypatch):
+                                                                          monkeypatch, sequence):
+  """With sequence parallelism the XL memory in the checkpoint is split along its positions
+  on `tensor=4`, and restored into the other meshes' shardings."""
   tp_config.data.data_dir = str(tmp_path / "tfds")
+  tp_config.model.sequence_parallel = sequence
   assert_resumes_across_tensor_sizes(tp_config, tmp_path, monkeypatch)
 
 
