@@ -36,8 +36,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sparse_jax import validation
-from sparse_jax.layers import initializers
+from sparse_jax import parallel, validation
+from sparse_jax.layers import initializers, sequence_parallel
 from sparse_jax.layers.feed_forward import FeedForward
 
 SOFT_MASKS = ("clean", "noisy")
@@ -183,8 +183,16 @@ class SparseFF(FeedForward):
     return jax.nn.relu(pre) * mask
 
   def down(self, h: jax.Array) -> jax.Array:
-    """`h W2 + b2`, `[..., d_model]`."""
-    return h @ self.w_values[...].astype(h.dtype) + self.b_down[...].astype(h.dtype)
+    """`h W2 + b2`, `[..., d_model]`; under sequence parallelism (`layers.sequence_parallel`)
+    `W2`'s partial sums over each device's blocks are reduce-scattered onto sequence
+    shards."""
+    w_values = self.w_values[...].astype(h.dtype)
+    if sequence_parallel.active():
+      y = sequence_parallel.row_parallel(jnp.matmul, [(h, ("batch", None, "mlp"))],
+                                         [(w_values, ("mlp", "embed"))])
+    else:
+      y = h @ w_values
+    return y + self.b_down[...].astype(h.dtype)
 
   def __call__(self, x: jax.Array, *, gumbel: jax.Array | None = None,
                use_hard: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -197,7 +205,11 @@ class SparseFF(FeedForward):
                  gumbel: jax.Array | None = None, use_hard: jax.Array | None = None):
     """`(y, aux, choice)`: `__call__` that also returns the hard choice `[..., d_ff / N]`
     and takes it back as `choice`, so that a reversible network recomputing this layer from
-    reconstructed inputs picks the same units (`sparse_jax.layers.reversible`)."""
+    reconstructed inputs picks the same units (`sparse_jax.layers.reversible`). Under
+    sequence parallelism `x` arrives on sequence shards: the controller and W1 read it
+    whole."""
+    if sequence_parallel.active():
+      x = parallel.whole_sequences(x)
     mask, choice = self.mask(x, gumbel, use_hard, choice)
     y = self.down(self.masked_hidden(self.up(x), mask))
     return y, {"reg_loss": jnp.zeros((), jnp.float32)}, choice

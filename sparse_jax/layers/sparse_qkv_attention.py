@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sparse_jax import parallel
-from sparse_jax.layers import initializers
+from sparse_jax.layers import initializers, sequence_parallel
 from sparse_jax.layers.causal_attention import (attend, attend_cached, causal_mask,
                                                 check_rotary_dim, init_kv_cache)
 from sparse_jax.layers.multiplicative_dense import MultiplicativeDense
@@ -59,6 +59,7 @@ def gathered_heads(out_btd: jax.Array) -> jax.Array:
   reads it (one more all-gather per layer, and all-reduces of the LayerNorm statistics).
   """
   return parallel.constrain(out_btd, ("batch", None, None))
+
 
 
 class CausalModuleConv(nnx.Module):
@@ -144,14 +145,22 @@ class SparseQKVAttention(nnx.Module):
     return q_bthc, k_bthc
 
   def __call__(self, x_btd: jax.Array) -> jax.Array:
-    """Causal self-attention over the sequence, `[B, T, d_model] -> [B, T, d_model]`."""
+    """Causal self-attention over the sequence, `[B, T, d_model] -> [B, T, d_model]`; under
+    sequence parallelism (`layers.sequence_parallel`) from and to sequence shards, the
+    input read whole."""
     b, t, _ = x_btd.shape
+    sequence = sequence_parallel.active()
+    if sequence:
+      x_btd = parallel.whole_sequences(x_btd)
     y_btsm = self.module_grid(x_btd)
     q_bthc, k_bthc = self.rotate(self.to_heads(self.conv_q(y_btsm)),
                                  self.to_heads(self.conv_k(y_btsm)), jnp.arange(t))
     out_bthc = attend(q_bthc, k_bthc, self.to_heads(self.conv_v(y_btsm)), causal_mask(t),
                       self.attn_dropout)
-    return gathered_heads(out_bthc.reshape(b, t, self.d_model))
+    out_btd = out_bthc.reshape(b, t, self.d_model)
+    if sequence:  # From split by head to sequence shards: an all-to-all, not an all-gather.
+      return parallel.sequence_shards(out_btd)
+    return gathered_heads(out_btd)
 
   def init_cache(self, batch: int, max_len: int, dtype) -> dict[str, jax.Array]:
     """Keys and values `[B, H, max_len, d_model / H]` and `mult`, the last `F - 1` layer

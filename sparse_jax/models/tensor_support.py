@@ -35,9 +35,9 @@ roberta-base's 50265 rows); the sparse FF's blocks `d_ff / block_size` (a block'
 on one device, where its choice is made) and the sparse QKV layer's modules
 `attention_sparsity` (S; with the heads, so module and head boundaries meet at each device's
 edge). Sequence parallelism (`model.sequence_parallel`, `layers.sequence_parallel`) so far
-takes the XL and causal attention on XLA, SwitchHead (MoEUT's blocks too), the dense FF and
-the MoE kinds (on meshes without `expert`), the layers that gather and scatter along the
-sequence themselves; the segment and memory lengths must divide (`tasks.lm` checks those
+takes every attention kind (the XL one on XLA), the dense and sparse FFs and the MoE kinds
+(on meshes without `expert`), the layers that gather and scatter along the sequence
+themselves; the segment and memory lengths must divide (`tasks.lm` checks those
 and `mesh.expert`).
 """
 
@@ -50,9 +50,8 @@ SWITCHHEAD_KINDS = ("switchhead", "switchhead_xl")
 # The grouped-matmul impls tested split over `tensor`, for the FF's experts and SwitchHead's:
 # the XLA ones, and the Triton and megablox kernels ("auto" resolves to one of these).
 TENSOR_FF_IMPLS = ("auto", "blocked", "ragged", "gather", "pallas", "megablox")
-SEQUENCE_PARALLEL_ATTENTION = ("xl", "causal") + SWITCHHEAD_KINDS
-SEQUENCE_PARALLEL_FF_KINDS = ("dense", "sigma_moe", "switch", "noisy_topk", "sbase",
-                              "softmax_moe")
+SEQUENCE_PARALLEL_FF_KINDS = ("dense", "sparse_ff", "sigma_moe", "switch", "noisy_topk",
+                              "sbase", "softmax_moe")
 
 
 def _supported(condition: bool, field: str, tensor: int, allowed: str, got) -> None:
@@ -81,11 +80,8 @@ def check_tensor_parallel(model: ModelConfig, tensor: int) -> None:
 
 def _check_sequence_parallel(model: LMConfig, tensor: int) -> None:
   """The layers that gather and scatter along the sequence themselves
-  (`layers.sequence_parallel`): the XL and causal attention on XLA, SwitchHead (and so
-  MoEUT), the dense FF and the MoE kinds (without `mesh.expert`: `tasks.lm` checks that)."""
-  _supported(model.attention in SEQUENCE_PARALLEL_ATTENTION, "model.attention", tensor,
-             f"one of {SEQUENCE_PARALLEL_ATTENTION} with model.sequence_parallel",
-             model.attention)
+  (`layers.sequence_parallel`): every attention kind (the XL one on XLA), the dense and
+  sparse FFs and the MoE kinds (without `mesh.expert`: `tasks.lm` checks that)."""
   _supported(model.attention != "xl" or model.attention_impl != "pallas",
              "model.attention_impl", tensor,
              "not 'pallas' (the fused XL attention) with model.sequence_parallel",

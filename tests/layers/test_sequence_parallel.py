@@ -1,5 +1,6 @@
 """Sequence parallelism (`layers.sequence_parallel`): the dense FF, sigma-MoE, the XL
-attention and SwitchHead (RoPE and XL) on sequence shards equal the same layers unsplit (values and gradients, 8 simulated CPU
+attention, SwitchHead (RoPE and XL) and Scaling Transformers' sparse QKV and sparse FF on
+sequence shards equal the same layers unsplit (values and gradients, 8 simulated CPU
 devices), their compiled programs all-gather and reduce-scatter activations (never a weight,
 never an all-reduce of activations), and the config check refuses what is not split so.
 
@@ -18,6 +19,8 @@ from sparse_jax.aot.collectives import collectives
 from sparse_jax.layers import sequence_parallel
 from sparse_jax.layers.dense_ff import DenseFF
 from sparse_jax.layers.moe import SigmaMoE
+from sparse_jax.layers.sparse_ff import SparseFF
+from sparse_jax.layers.sparse_qkv_attention import SparseQKVAttention
 from sparse_jax.layers.switchhead_attention import SwitchHeadAttention, SwitchHeadXLAttention
 from sparse_jax.layers.xl_attention import RelativeMultiHeadAttention
 from sparse_jax.tasks import validate_config
@@ -94,6 +97,21 @@ def _switchhead_xl():
   return attn, loss, (jax.random.normal(keys[0], (B, M, D)), jax.random.normal(keys[1], (B, T, D)))
 
 
+def _sparse_ff_and_qkv():
+  """Scaling Transformers' sparse QKV attention (8 modules and heads) then sparse FF (8
+  blocks of 4; evaluation mode: each block's unit chosen by the controller's argmax)."""
+  attn = SparseQKVAttention(D, 8, n_layers=2, n_modules=8, rngs=nnx.Rngs(0))
+  ff = SparseFF(D, 32, 4, 8, n_layers=2, rngs=nnx.Rngs(1))
+  ff.eval()
+  layers = nnx.List([attn, ff])
+
+  def loss(layers, x_btd):
+    y_btd, _ = layers[1](x_btd + layers[0](x_btd))
+    return jnp.sum(jnp.sin(y_btd)), y_btd
+
+  return layers, loss, (jax.random.normal(jax.random.key(1), (B, T, D)),)
+
+
 def _value_and_grads(layer, loss, inputs, mesh=None, sequence=True):
   """The loss, output and gradients (parameters and inputs) of `loss`, unsplit without
   `mesh`; on `mesh` inside a `scope(sequence)`, the inputs on sequence shards if
@@ -110,9 +128,9 @@ def _value_and_grads(layer, loss, inputs, mesh=None, sequence=True):
 
 
 @pytest.mark.parametrize("make", [_dense_ff, _sigma_moe, _xl_attention, _switchhead,
-                                  _switchhead_xl],
+                                  _switchhead_xl, _sparse_ff_and_qkv],
                          ids=["dense_ff", "sigma_moe", "xl_attention", "switchhead",
-                              "switchhead_xl"])
+                              "switchhead_xl", "sparse_ff_and_qkv"])
 @pytest.mark.parametrize("shape, sequence", [
     ((1, 1, 1, 8), True), ((2, 1, 1, 4), True), ((1, 2, 1, 4), True), ((2, 1, 1, 4), False)])
 def test_on_sequence_shards_equals_unsplit(make, shape, sequence):
@@ -184,16 +202,16 @@ def test_the_config_check_passes_the_split_layers(sp_config):
   sp_config.model.ff = {"kind": "sigma_moe", "n_experts": 4, "expert_size": 16, "k": 2,
                         "reg_coef": 0.001}
   validate_config(sp_config)
+  sp_config.model.update(attention="sparse_qkv", n_heads=4, attention_sparsity=2)
+  sp_config.model.ff = {"kind": "sparse_ff", "d_ff": 64, "block_size": 32}
+  validate_config(sp_config)
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"model.ff": {"kind": "sparse_ff", "d_ff": 64, "block_size": 4}},
-     r"'model.ff.kind' must be one of \('dense', 'sigma_moe', .*\) with "
+    ({"model.ff": {"kind": "pkm", "n_subkeys": 4, "knn": 2, "n_heads": 1}},
+     r"'model.ff.kind' must be one of \('dense', 'sparse_ff', 'sigma_moe', .*\) with "
      r"model.sequence_parallel"),
     ({"mesh.expert": 2}, r"'mesh.expert' must be 1 with model.sequence_parallel"),
-    ({"model.attention": "sparse_qkv", "model.mem_len": 0},
-     r"'model.attention' must be one of \('xl', 'causal', 'switchhead', 'switchhead_xl'\) "
-     r"with model.sequence_parallel"),
     ({"model.attention_impl": "pallas"},
      r"'model.attention_impl' must be not 'pallas' \(the fused XL attention\) with "
      r"model.sequence_parallel"),

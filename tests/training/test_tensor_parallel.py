@@ -292,6 +292,14 @@ def test_the_sequence_parallel_switchhead_xl_and_moeut_lms_on_a_tensor_mesh_equa
   assert_like_one_device(moeut(tp_config), tmp_path / "moeut", MESHES[:1])
 
 
+def test_the_sequence_parallel_sparse_ff_and_sparse_qkv_lm_on_tensor_meshes_equals_one_device(
+    tp_config, tmp_path):
+  """The attention's heads go straight to sequence shards (an all-to-all), the sparse FF's
+  partial sums are reduce-scattered; in training mode, as the test below."""
+  assert_like_one_device(sequence_parallel(sparse(tp_config)), tmp_path, DENSE_MESHES,
+                         train=True)
+
+
 def test_the_sparse_ff_and_sparse_qkv_lm_on_tensor_meshes_equals_one_device(tp_config,
                                                                             tmp_path):
   """In training mode (the gradients too), the sparse FF draws its Gumbel noise and its
