@@ -14,11 +14,13 @@ The mesh has four axes, all `AxisType.Auto` so XLA propagates shardings through 
   the layer: attention heads (Q, K, V, the XL position projection and biases by head, the
   output projection by its input rows), feed-forward hidden units (the dense FF's `d_ff`,
   each expert's `G` columns; routers replicated), and the vocabulary of the embedding and
-  the output layer. XLA's partitioner then runs the column-parallel projections on each
-  device's slice and sums the row-parallel ones' partial products over `tensor`
-  (all-reduces of the activations, not gathers of weights: `benchmarks/
-  tensor_parallel_collectives.py` counts them). Which layers may be split is checked with
-  the config (`sparse_jax.models.tensor_support`).
+  the output layer. The column-parallel projections run on each device's slice and the
+  row-parallel ones' partial products are summed over `tensor` (all-reduces of the
+  activations, not gathers of weights: `benchmarks/tensor_parallel_collectives.py` counts
+  them), at the edges the decoder's layers make explicit (`layers.sequence_parallel`) or
+  where XLA's partitioner puts them. With sequence parallelism the activations between
+  those regions are split along the sequence over `tensor` too (`length`). Which layers
+  may be split is checked with the config (`sparse_jax.models.tensor_support`).
 
 So every device holds `batch / (data * fsdp * expert)` rows of each batch (`BATCH_AXES`).
 The trainer always runs on a mesh (1 x 1 x 1 x 1 on one device); layers and models used
@@ -42,15 +44,16 @@ The logical axes (`LOGICAL_AXES`):
 - `expert_scores`: a router's per-expert score dimension (its selector's rows). Not split
   over `expert`: every device scores its own tokens against all experts.
 - `embed`: the model width `d_model`.
-- `mlp`: hidden units of a feed-forward: `d_ff`, an expert's `G`, an adapter's bottleneck,
-  the classification head's hidden layer.
-- `lowrank`: the rank of the sparse feed-forward's controller.
+- `mlp`: hidden units of a feed-forward: `d_ff`, an expert's `G`, PKM's value rows, the
+  classification head's hidden layer.
+- `lowrank`: the rank of the sparse feed-forward's controller; an adapter's bottleneck
+  (replicated over `tensor`).
 - `vocab`: rows of an embedding table (tokens, positions, token types) and output logits.
 - `heads`: attention heads (the sparse QKV layer's modules; SwitchHead's expert rows
   `h * E + e`); in a projection that keeps heads and their channels in one flattened
   dimension (`nnx.Linear`), that dimension.
 - `head_dim`: the channels of one head (one module of the sparse QKV layer).
-- `memory`: cells of a learned memory: PKM sub-keys and values, SPARTAN parents and children.
+- `memory`: cells of a learned memory: PKM sub-keys, SPARTAN parents and children.
 - `classes`, `conv`, `key_half`: a classifier's outputs, a convolution's filter taps, the two
   halves of a PKM product key. Small; never split.
 
