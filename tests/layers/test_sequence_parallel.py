@@ -58,22 +58,38 @@ def _sigma_moe():
   return moe, loss, (jax.random.normal(jax.random.key(1), (B, T, D)),)
 
 
-def _xl_attention():
-  """The XL attention on its context given in parts (memory, segment), as the block gives it."""
-  attn = RelativeMultiHeadAttention(D, 8, 2, n_layers=2, bias_init_std=0.1, impl="xla",
-                                    rngs=nnx.Rngs(0))
+def _two_inputs(first_len: int) -> tuple[jax.Array, jax.Array]:
+  keys = jax.random.split(jax.random.key(1))
+  return (jax.random.normal(keys[0], (B, first_len, D)),
+          jax.random.normal(keys[1], (B, T, D)))
+
+
+def _on_context(attn):
+  """An XL attention layer on its context given in parts (memory, segment), as the decoder
+  block gives them under sequence parallelism."""
 
   def loss(attn, mem_bmd, x_btd):
     y_btd = attn((mem_bmd, x_btd), T, jnp.asarray(M - 3))
     return jnp.sum(jnp.sin(y_btd)), y_btd
 
-  keys = jax.random.split(jax.random.key(1))
-  return attn, loss, (jax.random.normal(keys[0], (B, M, D)), jax.random.normal(keys[1], (B, T, D)))
+  return attn, loss, _two_inputs(M)
+
+
+def _xl_attention():
+  return _on_context(RelativeMultiHeadAttention(D, 8, 2, n_layers=2, bias_init_std=0.1,
+                                                impl="xla", rngs=nnx.Rngs(0)))
+
+
+def _switchhead_xl():
+  """SwitchHead's Transformer-XL form (8 heads of 4 channels, 4 V and O experts each, 2
+  active; XLA's grouped matmul)."""
+  return _on_context(SwitchHeadXLAttention(D, 8, 4, 4, 2, n_layers=2, impl="blocked",
+                                           rngs=nnx.Rngs(0)))
 
 
 def _switchhead():
-  """SwitchHead (8 heads of 4 channels, 4 V and O experts each, 2 active; RoPE; XLA's
-  grouped matmul), values reading the raw residual as in MoEUT (`v_btd`)."""
+  """SwitchHead with RoPE (as `_switchhead_xl`), values reading the raw residual as in MoEUT
+  (`v_btd`)."""
   attn = SwitchHeadAttention(D, 8, 4, 4, 2, n_layers=2, rope_fraction=1.0, impl="blocked",
                              rngs=nnx.Rngs(0))
 
@@ -81,20 +97,7 @@ def _switchhead():
     y_btd, _ = attn.apply_with_aux(x_btd, v_btd)
     return jnp.sum(jnp.sin(y_btd)), y_btd
 
-  keys = jax.random.split(jax.random.key(1))
-  return attn, loss, (jax.random.normal(keys[0], (B, T, D)), jax.random.normal(keys[1], (B, T, D)))
-
-
-def _switchhead_xl():
-  """SwitchHead's Transformer-XL form on its context given in parts (memory, segment)."""
-  attn = SwitchHeadXLAttention(D, 8, 4, 4, 2, n_layers=2, impl="blocked", rngs=nnx.Rngs(0))
-
-  def loss(attn, mem_bmd, x_btd):
-    y_btd = attn((mem_bmd, x_btd), T, jnp.asarray(M - 3))
-    return jnp.sum(jnp.sin(y_btd)), y_btd
-
-  keys = jax.random.split(jax.random.key(1))
-  return attn, loss, (jax.random.normal(keys[0], (B, M, D)), jax.random.normal(keys[1], (B, T, D)))
+  return attn, loss, _two_inputs(T)
 
 
 def _sparse_ff_and_qkv():
