@@ -10,8 +10,9 @@ gradient) and each device multiplies by its slice of the weights' output heads o
 It ends with a row-parallel projection (`row_parallel`): each device's partial sum over its
 heads or hidden units is reduce-scattered along T (`g-bar`; its transpose all-gathers the output
 gradient). Per layer, forward and backward each move two all-gathers and two reduce-scatters of
-`B x T x d` where tensor parallelism alone all-reduces twice: the same bytes, and activations
-between the regions stored once per tensor group instead of `t` times.
+`B x T x d` where tensor parallelism alone all-reduces twice (XL attention gathers its memory's
+shards too): the same bytes, and activations between the regions stored once per tensor group
+instead of `t` times.
 
 Both run their body inside `jax.shard_map` over the batch axes and `tensor`. Left to XLA's
 partitioner, the same sharding constraints gave an all-reduce followed by a slice (XLA:CPU), and
@@ -59,7 +60,8 @@ def scope(sequence: bool):
 
 
 def _mode() -> str | None:
-  """"sequence", "tensor" (inside a scope, on a mesh with `tensor` > 1) or None."""
+  """The edges' mode: "sequence" or "tensor" inside a scope on a mesh with `tensor` > 1,
+  else None (no explicit edges)."""
   sequence = _SEQUENCE.get()
   mesh = jax.sharding.get_abstract_mesh()
   if sequence is None or parallel.axis_size(mesh, parallel.TENSOR) == 1:

@@ -376,6 +376,17 @@ def test_the_lm_with_plug_ins_on_a_tensor_mesh_equals_one_device(tp_config, tmp_
   assert_like_one_device(dense(tp_config), tmp_path, MESHES[1:2])
 
 
+def test_the_sequence_parallel_lm_with_a_multiplicative_output_and_plug_ins_equals_one_device(
+    tp_config, tmp_path):
+  """Under sequence parallelism the plug-ins act on each device's positions (per token, their
+  weights whole) and XLA's partitioner splits the multiplicative output from its input on
+  sequence shards."""
+  tp_config.model.update(loss_sparsity=8, sequence_parallel=True)
+  tp_config.model.memory = {"kind": "spartan", "n_parents": 8, "n_children": 2, "top_k": 4}
+  tp_config.model.adapters = {"kind": "houlsby", "bottleneck": 8}
+  assert_like_one_device(dense(tp_config), tmp_path, MESHES[1:2])
+
+
 def assert_resumes_across_tensor_sizes(config, tmp_path, monkeypatch):
   """A run stopped after step 2 on tensor 4 continues on `data=2,tensor=2` and on one device
   as the straight run on tensor 4 does: the checkpoint's arrays are restored into the new
