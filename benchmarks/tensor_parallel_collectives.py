@@ -20,10 +20,10 @@ apart. Megatron's count per layer (Shoeybi et al. 2019): two all-reduces of `B x
 forward (after the attention output and the FF down projection) and two backward (the
 input gradients of Q/K/V and of the FF up projection). The sparse QKV attention has no output
 layer: its heads are all-gathered instead (half an all-reduce's traffic), and its module
-convolutions exchange neighbouring modules (collective-permutes). `dense_sequence_parallel`
-and `sigma_moe_sequence_parallel` are the first two with `model.sequence_parallel`, against
-Megatron's count with sequence parallelism (Korthikanti et al. 2022): each all-reduce an
-all-gather of `B x T x d` and a reduce-scatter into `B x T/t x d`. Bytes are those of the
+convolutions exchange neighbouring modules (collective-permutes). Each `<model>_sequence_parallel`
+is `<model>` with `model.sequence_parallel`, against Megatron's count with sequence
+parallelism (Korthikanti et al. 2022): each all-reduce an all-gather of `B x T x d` and a
+reduce-scatter into `B x T/t x d`. Bytes are those of the
 arrays the collectives produce (what a ring all-reduce moves is 2 (t - 1) / t of that per
 device). Prints the table and writes JSON.
 """
@@ -45,8 +45,8 @@ from sparse_jax.training.compile_only import trace_train_step
 from sparse_jax.training.placement import Placement
 
 SEQUENCE_PARALLEL = "_sequence_parallel"  # A model's name with it: `model.sequence_parallel`.
-MODELS = ("dense", "dense" + SEQUENCE_PARALLEL, "sigma_moe", "sigma_moe" + SEQUENCE_PARALLEL,
-          "sparse_ff_qkv", "switchhead")
+MODELS = tuple(kind + sp for kind in ("dense", "sigma_moe", "sparse_ff_qkv", "switchhead")
+               for sp in ("", SEQUENCE_PARALLEL))
 COUNTED = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 ABBREVIATIONS = dict(zip(COUNTED, ("AR", "AG", "RS", "A2A", "CP")))
 
@@ -132,11 +132,11 @@ def _cell(counts: dict, kind: str, parts=("fwd", "bwd")) -> str:
 
 def print_table(rows: list[dict]) -> None:
   print("per layer, then the rest of the step: count / KiB of the arrays (AR all-reduce, AG "
-        "all-gather, RS reduce-scatter, CP collective-permute)")
+        "all-gather, RS reduce-scatter, CP collective-permute, A2A all-to-all)")
   ops = ("all-reduce", "all-gather", "reduce-scatter")
   heads = [f"{ABBREVIATIONS[op]} {p}" for op in ops for p in ("fwd", "bwd")]
   print(f"{'model':<28} {'tensor':>6} " + " ".join(f"{h:>10}" for h in heads)
-        + f" {'CP':>9} {'scalars':>7} {'Megatron fwd':>20} {'Megatron bwd':>20} | "
+        + f" {'CP':>9} {'A2A':>9} {'scalars':>7} {'Megatron fwd':>20} {'Megatron bwd':>20} | "
         f"{'rest AR fwd':>11} {'rest AR bwd':>11} {'rest AG':>9}")
   for r in rows:
     m, layer, rest = r["megatron_layer"], r["layer"], r["rest"]
@@ -144,7 +144,8 @@ def print_table(rows: list[dict]) -> None:
                            if f"{op} {p} n" in m) or "-" for p in ("fwd", "bwd")]
     cells = [_cell(layer, op, (p,)) for op in ops for p in ("fwd", "bwd")]
     print(f"{r['model']:<28} {r['tensor']:>6} " + " ".join(f"{c:>10}" for c in cells)
-          + f" {_cell(layer, 'collective-permute'):>9} {layer.get('all-reduce scalar n', 0):>7}"
+          + f" {_cell(layer, 'collective-permute'):>9} {_cell(layer, 'all-to-all'):>9}"
+          f" {layer.get('all-reduce scalar n', 0):>7}"
           f" {megatron[0]:>20} {megatron[1]:>20} | {_cell(rest, 'all-reduce', ('fwd',)):>11} "
           f"{_cell(rest, 'all-reduce', ('bwd',)):>11} {_cell(rest, 'all-gather'):>9}")
 

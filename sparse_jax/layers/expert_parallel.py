@@ -285,9 +285,10 @@ def _sum_over_tensor(y_nd: jax.Array) -> jax.Array:
 
 
 def _scatter_over_tensor(y_nd: jax.Array, seq_len: int) -> jax.Array:
-  """Sequence parallelism: the partial outputs of the `G` slices, `[B_l * T, d]` rows of
-  whole sequences, added over `tensor` and split along T, `[B_l, T / t, d]` (a
-  reduce-scatter in float32; its transpose all-gathers the output gradient)."""
+  """Sequence parallelism: a device's partial outputs (of its `G` slices, or its heads'),
+  whole sequences as `[B_l * T, d]` rows or `[B_l, T, d]`, added over `tensor` and split
+  along T, `[B_l, T / t, d]` (a reduce-scatter in float32; its transpose all-gathers the
+  output gradient)."""
   y_btd = y_nd.reshape(-1, seq_len, y_nd.shape[-1]).astype(jnp.float32)
   return jax.lax.psum_scatter(y_btd, parallel.TENSOR, scatter_dimension=1,
                               tiled=True).astype(y_nd.dtype)
