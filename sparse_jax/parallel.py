@@ -54,8 +54,10 @@ The logical axes (`LOGICAL_AXES`):
   dimension (`nnx.Linear`), that dimension.
 - `head_dim`: the channels of one head (one module of the sparse QKV layer).
 - `memory`: cells of a learned memory: PKM sub-keys, SPARTAN parents and children.
-- `classes`, `conv`, `key_half`: a classifier's outputs, a convolution's filter taps, the two
-  halves of a PKM product key. Small; never split.
+- `classes`, `conv`, `key_half`, `vocab_module`: a classifier's outputs, a convolution's
+  filter taps, the two halves of a PKM product key, the tokens within one module of the
+  multiplicative output layer (its `E` columns, which every module's product reads). Small;
+  never split.
 
 `RULES` maps them to mesh axes. Rules are tried in order, each on the first dimension with
 its name whose size the product of its mesh axes (and of those an earlier rule put on that
@@ -85,7 +87,8 @@ BATCH_AXES = (DATA, FSDP, EXPERT)  # Not `tensor`: its devices hold the same bat
 
 LOGICAL_AXES_KEY = "logical_axes"  # The variable metadata holding a parameter's axes.
 LOGICAL_AXES = ("batch", "length", "experts", "expert_scores", "embed", "mlp", "lowrank",
-                "vocab", "heads", "head_dim", "memory", "classes", "conv", "key_half")
+                "vocab", "vocab_module", "heads", "head_dim", "memory", "classes", "conv",
+                "key_half")
 
 RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("batch", BATCH_AXES),

@@ -34,13 +34,13 @@ class MultiplicativeDense(nnx.Module):
   QKV layer uses it with the bias, the LM's sparse output layer without (it has its own).
 
   `out_axes` are the logical axes of S and M (`sparse_jax.parallel`): modules and their
-  channels in the sparse QKV layer, the vocabulary's two factors in the output layer;
-  `bias_axis` that of the flat `[d_out]` bias. Under tensor parallelism the LM's output layer
-  is split by module over `tensor` (the config check makes `tensor` divide S): each device
-  computes whole vocabulary blocks `[s M, (s + 1) M)`, as the dense output layer's vocabulary
-  is split, so the loss reads its logits split. `E`, whose `M` columns are `vocab` too, is
-  all-gathered before the product (`d_in x M` per step: a weight's size, independent of the
-  batch) and its gradient, a sum over every device's modules, all-reduced.
+  channels in the sparse QKV layer, the vocabulary's modules and the tokens within one
+  (`vocab_module`, never split) in the output layer; `bias_axis` that of the flat `[d_out]` bias. Under tensor parallelism the
+  LM's output layer is split by module over `tensor` (the config check makes `tensor` divide
+  S): each device computes whole vocabulary blocks `[s M, (s + 1) M)`, as the dense output
+  layer's vocabulary is split, so the loss reads its logits split. There `E` is whole on
+  every device (split over `tensor` too, it was all-gathered before every product); its
+  gradient, a sum over every device's modules, is all-reduced.
   """
 
   def __init__(self, d_in: int, d_out: int, n_modules: int, *,

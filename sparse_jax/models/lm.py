@@ -89,7 +89,7 @@ class TransformerLM(nnx.Module):
                         else "dense")
     if self.output_kind == "sparse":  # S x M modules factor the vocabulary.
       self.sparse_out = MultiplicativeDense(cfg.d_model, cfg.vocab_size, cfg.loss_sparsity,
-                                            out_axes=("vocab", "vocab"), rngs=rngs)
+                                            out_axes=("vocab", "vocab_module"), rngs=rngs)
     elif self.output_kind == "dense":
       out_std = 1.0 / math.sqrt(cfg.d_model)
       self.w_out = nnx.Param(jax.nn.initializers.normal(out_std)(rngs.params(),
