@@ -37,7 +37,6 @@ import contextvars
 from collections.abc import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 
 from sparse_jax import parallel
 
@@ -126,9 +125,10 @@ def row_parallel(body: Callable, ys: Sequence[tuple[jax.Array, Axes]],
                  weights: Sequence[tuple[jax.Array, Axes]]) -> jax.Array:
   """`body(*ys, *weights) -> [B, T, d]`, a projection contracting the `tensor`-split heads
   or hidden units of `ys` (each given with its logical axes) with each device's slice of the
-  weights; the partial sums added over `tensor` in float32: reduce-scattered along T into
-  sequence shards under sequence parallelism, else all-reduced. Outside a scope: `body` on
-  the arrays."""
+  weights; the partial sums added over `tensor` in the body's dtype (the compute dtype, as
+  the partitioner's all-reduce and Megatron's: bfloat16 training moves 2 bytes a value):
+  reduce-scattered along T into sequence shards under sequence parallelism, else
+  all-reduced. Outside a scope: `body` on the arrays."""
   arrays = [a for a, _ in ys] + [w for w, _ in weights]
   mode = _mode()
   if mode is None:
@@ -138,11 +138,9 @@ def row_parallel(body: Callable, ys: Sequence[tuple[jax.Array, Axes]],
   def mapped(*args):
     partial_btd = body(*args)
     if mode == "sequence":
-      summed = jax.lax.psum_scatter(partial_btd.astype(jnp.float32), parallel.TENSOR,
-                                    scatter_dimension=1, tiled=True)
-    else:
-      summed = jax.lax.psum(partial_btd.astype(jnp.float32), parallel.TENSOR)
-    return summed.astype(partial_btd.dtype)
+      return jax.lax.psum_scatter(partial_btd, parallel.TENSOR, scatter_dimension=1,
+                                  tiled=True)
+    return jax.lax.psum(partial_btd, parallel.TENSOR)
 
   in_specs = (tuple(_spec(mesh, axes) for _, axes in ys)
               + tuple(_weight_spec(mesh, axes) for _, axes in weights))

@@ -61,7 +61,6 @@ def gathered_heads(out_btd: jax.Array) -> jax.Array:
   return parallel.constrain(out_btd, ("batch", None, None))
 
 
-
 class CausalModuleConv(nnx.Module):
   """2-D convolution of `[B, T, S, M]` over (length, module), M channels to M filters.
 
