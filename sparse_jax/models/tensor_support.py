@@ -82,13 +82,13 @@ def _check_sequence_parallel(model: LMConfig, tensor: int) -> None:
   """The layers that gather and scatter along the sequence themselves
   (`layers.sequence_parallel`): every attention kind (the XL one on XLA), the dense and
   sparse FFs and the MoE kinds (without `mesh.expert`: `tasks.lm` checks that)."""
-  _supported(model.attention != "xl" or model.attention_impl != "pallas",
-             "model.attention_impl", tensor,
-             "not 'pallas' (the fused XL attention) with model.sequence_parallel",
-             model.attention_impl)
-  _supported(model.ff.kind in SEQUENCE_PARALLEL_FF_KINDS, "model.ff.kind", tensor,
-             f"one of {SEQUENCE_PARALLEL_FF_KINDS} with model.sequence_parallel",
-             model.ff.kind)
+  not_yet = (f"with model.sequence_parallel and mesh.tensor={tensor} (the others are not "
+             "split along the sequence yet; docs/scaling_out.md)")
+  validation.require(model.attention != "xl" or model.attention_impl != "pallas",
+                     "model.attention_impl", f"not 'pallas' (the fused XL attention) {not_yet}",
+                     model.attention_impl)
+  validation.require(model.ff.kind in SEQUENCE_PARALLEL_FF_KINDS, "model.ff.kind",
+                     f"one of {SEQUENCE_PARALLEL_FF_KINDS} {not_yet}", model.ff.kind)
 
 
 def _check_ff(ff, tensor: int) -> None:
