@@ -7,6 +7,8 @@ never an all-reduce of activations), and the config check refuses what is not sp
 Tolerances: only the order of float32 sums differs (each device's partial sum over its heads
 or hidden units, then the reduce-scatter), rtol 1e-5 on outputs of magnitude ~1."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -140,15 +142,27 @@ def test_on_sequence_shards_equals_unsplit(make, shape, sequence):
   """And without sequence parallelism (`sequence` False): the explicit tensor-parallel
   edges, the inputs whole."""
   layer, loss, inputs = make()
-  (want_loss, want_y), want_grads = _value_and_grads(layer, loss, inputs)
-  (got_loss, got_y), got_grads = _value_and_grads(layer, loss, inputs,
-                                                  parallel.make_mesh(shape), sequence)
+  (want_loss, want_y), want_grads = _unsplit(make)
+  (got_loss, got_y), got_grads = _leaves(_value_and_grads(layer, loss, inputs,
+                                                          parallel.make_mesh(shape), sequence))
   np.testing.assert_allclose(got_y, want_y, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
-  got, want = jax.tree.leaves(nnx.to_pure_dict(got_grads[0])), jax.tree.leaves(
-      nnx.to_pure_dict(want_grads[0]))
-  for g, w in zip(got + list(got_grads[1:]), want + list(want_grads[1:])):
+  for g, w in zip(got_grads, want_grads):
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6 * float(np.abs(w).max()))
+
+
+def _leaves(result):
+  """`(loss, y), grads` with the gradients (parameters', then the inputs') as host arrays."""
+  (loss, y), grads = result
+  return (loss, y), jax.device_get(jax.tree.leaves(nnx.to_pure_dict(grads[0]))
+                                   + list(grads[1:]))
+
+
+@functools.cache
+def _unsplit(make):
+  """`make`'s layer unsplit: the reference every mesh's test compares with (compiled once
+  per test process)."""
+  return _leaves(_value_and_grads(*make()))
 
 
 def test_compiled_moves_activations_by_all_gather_and_reduce_scatter():
