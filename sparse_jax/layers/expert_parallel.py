@@ -204,9 +204,11 @@ def _row_of_slot(slot_b: jax.Array, c: int) -> jax.Array:
 
 
 def _expert_parallel_body(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, *maybe_key, n_ep,
-                          check_vma, exchange, recv_factor, impl, rate, token_axes, tensor):
+                          check_vma, exchange, recv_factor, impl, rate, token_axes, tensor,
+                          seq_len):
   """One device's shard: `N_l` tokens and `E_l` experts, with `tensor` a `G / t` slice of
-  each (see the module docstring)."""
+  each (see the module docstring); with `seq_len` (sequence parallelism) the slices' sums
+  are reduce-scattered along T (`_scatter_over_tensor`)."""
   n, k = sel_nk.shape
   e_local = w_up_edg.shape[0]
   sel_s = sel_nk.reshape(-1)
@@ -233,7 +235,7 @@ def _expert_parallel_body(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, *maybe_k
   y_nkd = jnp.take(y_bd, _row_of_slot(route.slot_b, n * k), axis=0).reshape(n, k, -1)
   y_nd = jnp.sum(y_nkd.astype(jnp.float32), axis=1).astype(x_nd.dtype)
   if tensor:
-    y_nd = _sum_over_tensor(y_nd)
+    y_nd = _sum_over_tensor(y_nd) if seq_len is None else _scatter_over_tensor(y_nd, seq_len)
   return jnp.where(route.fits, y_nd, jnp.nan)
 
 
@@ -410,8 +412,8 @@ def apply_experts(x_nd: jax.Array, sel_nk: jax.Array, gates_nk: jax.Array,
   exchange always holds the worst case. `dropout_key=None` disables hidden dropout; under a
   mesh each device folds its position into the key. The splits are `sparse_jax.parallel`'s
   for the logical axes `batch` and `experts`. `seq_len` (sequence parallelism, on a mesh
-  with `tensor` and without `expert`; the rows are whole sequences of that length): the
-  output comes back as `[N / seq_len, seq_len, d]` on sequence shards, reduce-scattered.
+  with `tensor`; the rows are whole sequences of that length): the output comes back as
+  `[N / seq_len, seq_len, d]` on sequence shards, reduce-scattered.
   """
   mesh = jax.sharding.get_abstract_mesh()
   n_ep, n_tp = parallel.axis_size(mesh, parallel.EXPERT), parallel.axis_size(mesh, parallel.TENSOR)
@@ -419,9 +421,8 @@ def apply_experts(x_nd: jax.Array, sel_nk: jax.Array, gates_nk: jax.Array,
   check_recv_factor(recv_factor)
   resolved = pallas_kernels.resolve(impl, x_nd.dtype, w_up_edg.shape, w_down_egd.shape)
   check_vma = pallas_kernels.partitionable(resolved)
-  if seq_len is not None and (n_ep > 1 or n_tp == 1):
-    raise ValueError(f"seq_len (sequence parallelism) needs a mesh with tensor > 1 and "
-                     f"expert 1; this one has tensor={n_tp}, expert={n_ep}.")
+  if seq_len is not None and n_tp == 1:
+    raise ValueError("seq_len (sequence parallelism) needs a mesh with tensor > 1.")
   if n_ep == 1:
     if n_tp > 1:
       return _tensor_parallel(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, mesh, impl=impl,
@@ -440,8 +441,10 @@ def apply_experts(x_nd: jax.Array, sel_nk: jax.Array, gates_nk: jax.Array,
   body = functools.partial(_expert_parallel_body, n_ep=n_ep, check_vma=check_vma,
                            exchange=exchange,
                            recv_factor=recv_factor, impl=impl, rate=dropout_rate,
-                           token_axes=token_axes, tensor=n_tp > 1)
+                           token_axes=token_axes, tensor=n_tp > 1, seq_len=seq_len)
   keys = () if dropout_key is None else (dropout_key,)
+  out = tokens if seq_len is None else parallel.partition_spec(("batch", "length", None),
+                                                               mesh=mesh)
   mapped = jax.shard_map(body, in_specs=(tokens,) * 3 + (up, down) + (P(),) * len(keys),
-                         out_specs=tokens, check_vma=check_vma)
+                         out_specs=out, check_vma=check_vma)
   return mapped(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, *keys)

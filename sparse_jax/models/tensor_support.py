@@ -35,10 +35,9 @@ roberta-base's 50265 rows); the sparse FF's blocks `d_ff / block_size` (a block'
 on one device, where its choice is made) and the sparse QKV layer's modules
 `attention_sparsity` (S; with the heads, so module and head boundaries meet at each device's
 edge). Sequence parallelism (`model.sequence_parallel`, `layers.sequence_parallel`) so far
-takes every attention kind (the XL one on XLA), the dense and sparse FFs and the MoE kinds
-(on meshes without `expert`), the layers that gather and scatter along the sequence
-themselves; the segment and memory lengths must divide (`tasks.lm` checks those
-and `mesh.expert`).
+takes every attention kind (the XL one on XLA), the dense and sparse FFs and the MoE kinds,
+the layers that gather and scatter along the sequence themselves; the segment and memory
+lengths must divide (`tasks.lm` checks those).
 """
 
 from sparse_jax import validation
@@ -81,7 +80,7 @@ def check_tensor_parallel(model: ModelConfig, tensor: int) -> None:
 def _check_sequence_parallel(model: LMConfig, tensor: int) -> None:
   """The layers that gather and scatter along the sequence themselves
   (`layers.sequence_parallel`): every attention kind (the XL one on XLA), the dense and
-  sparse FFs and the MoE kinds (without `mesh.expert`: `tasks.lm` checks that)."""
+  sparse FFs and the MoE kinds."""
   not_yet = (f"with model.sequence_parallel and mesh.tensor={tensor} (the others are not "
              "split along the sequence yet; docs/scaling_out.md)")
   validation.require(model.attention != "xl" or model.attention_impl != "pallas",

@@ -89,8 +89,7 @@ class LMExperiment(schema.Schema):
           f"segment), or eval.copy_rows=0 to score no copying", self.copy_half)
 
   def _check_sequence_parallel(self) -> None:
-    """The segment and the XL memories are split along the sequence over `mesh.tensor`; the
-    expert-parallel exchange is not."""
+    """The segment and the XL memories are split along the sequence over `mesh.tensor`."""
     lengths = {"data.seq_len": self.data.seq_len}
     if self.model.attention in XL_KINDS:
       lengths.update({"model.mem_len": self.model.mem_len, "eval.mem_len": self.eval.mem_len})
@@ -98,9 +97,7 @@ class LMExperiment(schema.Schema):
       validation.require(length % self.mesh.tensor == 0, field,
                          f"divisible by mesh.tensor={self.mesh.tensor} with "
                          "model.sequence_parallel (split along the sequence)", length)
-    validation.require(self.mesh.expert == 1, "mesh.expert",
-                       "1 with model.sequence_parallel (not split along the sequence yet)",
-                       self.mesh.expert)
+
 
   @property
   def copy_half(self) -> int:

@@ -151,6 +151,13 @@ def test_on_sequence_shards_equals_unsplit(make, shape, sequence):
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6 * float(np.abs(w).max()))
 
 
+@pytest.mark.parametrize("shape", [(1, 2, 2, 2), (1, 1, 4, 2)])
+def test_sigma_moe_on_sequence_shards_with_expert_parallelism_equals_unsplit(shape):
+  """The experts split over `expert` too: the token slots travel to their expert's devices
+  and back, then the `G` slices' sums are reduce-scattered along T."""
+  test_on_sequence_shards_equals_unsplit(_sigma_moe, shape, True)
+
+
 def _leaves(result):
   """`(loss, y), grads` with the gradients (parameters', then the inputs') as host arrays."""
   (loss, y), grads = result
@@ -228,7 +235,6 @@ def test_the_config_check_passes_the_split_layers(sp_config):
     ({"model.ff": {"kind": "pkm", "n_subkeys": 4, "knn": 2, "n_heads": 1}},
      r"'model.ff.kind' must be one of \('dense', 'sparse_ff', 'sigma_moe', .*\) with "
      r"model.sequence_parallel"),
-    ({"mesh.expert": 2}, r"'mesh.expert' must be 1 with model.sequence_parallel"),
     ({"model.attention_impl": "pallas"},
      r"'model.attention_impl' must be not 'pallas' \(the fused XL attention\) with "
      r"model.sequence_parallel"),

@@ -264,7 +264,8 @@ def test_the_dense_causal_lm_on_a_tensor_mesh_equals_one_device(tp_config, tmp_p
 
 def test_the_sequence_parallel_sigma_moe_lm_on_tensor_meshes_equals_one_device(tp_config,
                                                                                tmp_path):
-  assert_like_one_device(sequence_parallel(tp_config), tmp_path, DENSE_MESHES)
+  assert_like_one_device(sequence_parallel(tp_config), tmp_path,
+                         DENSE_MESHES + MOE_MESHES[2:])
 
 
 def test_the_sequence_parallel_dense_lm_on_tensor_meshes_equals_one_device(tp_config,
