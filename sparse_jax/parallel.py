@@ -240,19 +240,30 @@ def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
   return jax.lax.with_sharding_constraint(x, spec)
 
 
+def sequence_shard_axes(ndim: int = 3) -> tuple[str | None, ...]:
+  """The logical axes of `[B, T, ...]` on sequence shards: rows over the batch axes,
+  positions over `tensor` (`length`)."""
+  return ("batch", "length") + (None,) * (ndim - 2)
+
+
+def whole_sequence_axes(ndim: int = 3) -> tuple[str | None, ...]:
+  """The logical axes of `[B, T, ...]` whole along T: rows over the batch axes only."""
+  return ("batch",) + (None,) * (ndim - 1)
+
+
 def sequence_shards(x_bt_: jax.Array) -> jax.Array:
   """`x [B, T, ...]` split along T over `tensor` (and its rows over the batch axes): the
   residual stream between the tensor-parallel regions under sequence parallelism (Korthikanti
   et al. 2022), where LayerNorm, dropout and the residual add run on each device's positions.
   A row-parallel output constrained so is reduce-scattered instead of all-reduced."""
-  return constrain(x_bt_, ("batch", "length") + (None,) * (x_bt_.ndim - 2))
+  return constrain(x_bt_, sequence_shard_axes(x_bt_.ndim))
 
 
 def whole_sequences(x_bt_: jax.Array) -> jax.Array:
   """`x [B, T, ...]` whole along T on every device of `tensor` (its rows over the batch
   axes): the all-gather at the entry of a tensor-parallel region under sequence parallelism
   (its transpose reduce-scatters the input gradient)."""
-  return constrain(x_bt_, ("batch",) + (None,) * (x_bt_.ndim - 1))
+  return constrain(x_bt_, whole_sequence_axes(x_bt_.ndim))
 
 
 def declared_axes(variable: nnx.Variable) -> tuple[str, ...] | None:

@@ -323,8 +323,8 @@ def _tensor_parallel(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, mesh, *, impl
     return _sum_over_tensor(y_nd) if seq_len is None else _scatter_over_tensor(y_nd, seq_len)
 
   keys = () if key is None else (key,)
-  out = tokens if seq_len is None else parallel.partition_spec(("batch", "length", None),
-                                                               mesh=mesh)
+  out = tokens if seq_len is None else parallel.partition_spec(
+      parallel.sequence_shard_axes(), mesh=mesh)
   mapped = jax.shard_map(body, in_specs=(tokens,) * 3 + (up, down) + (P(),) * len(keys),
                          out_specs=out, check_vma=check_vma)
   return mapped(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, *keys)
@@ -388,7 +388,8 @@ def head_parallel(per_heads: Callable, x: jax.Array, x_axes: tuple[str | None, .
     return _scatter_over_tensor(y, y.shape[1]) if scatter else _sum_over_tensor(y)
 
   out = (slots if not sum_heads else
-         spec(("batch", "length", None)) if scatter else spec(("batch", None, None)))
+         spec(parallel.sequence_shard_axes()) if scatter
+         else spec(parallel.whole_sequence_axes()))
   # A device holds its heads' experts whole (fsdp, if any, gathered at the map's edge).
   experts = parallel.partition_spec(("heads", None, None), mesh=mesh, only=(parallel.TENSOR,))
   mapped = jax.shard_map(body, in_specs=(spec(x_axes), slots, slots, experts), out_specs=out,
@@ -443,8 +444,8 @@ def apply_experts(x_nd: jax.Array, sel_nk: jax.Array, gates_nk: jax.Array,
                            recv_factor=recv_factor, impl=impl, rate=dropout_rate,
                            token_axes=token_axes, tensor=n_tp > 1, seq_len=seq_len)
   keys = () if dropout_key is None else (dropout_key,)
-  out = tokens if seq_len is None else parallel.partition_spec(("batch", "length", None),
-                                                               mesh=mesh)
+  out = tokens if seq_len is None else parallel.partition_spec(
+      parallel.sequence_shard_axes(), mesh=mesh)
   mapped = jax.shard_map(body, in_specs=(tokens,) * 3 + (up, down) + (P(),) * len(keys),
                          out_specs=out, check_vma=check_vma)
   return mapped(x_nd, sel_nk, gates_nk, w_up_edg, w_down_egd, *keys)

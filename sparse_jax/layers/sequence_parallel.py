@@ -87,10 +87,6 @@ def _weight_spec(mesh, logical: Axes) -> jax.sharding.PartitionSpec:
   return parallel.partition_spec(logical, mesh=mesh, only=(parallel.TENSOR,))
 
 
-def _shards(x_bt_: jax.Array) -> Axes:
-  return ("batch", "length") + (None,) * (x_bt_.ndim - 2)
-
-
 def column_parallel(body: Callable, xs_bt_: Sequence[jax.Array],
                     weights: Sequence[tuple[jax.Array, Axes]], out_axes: Sequence[Axes]):
   """`body(*xs, *weights)` with each `x [B, T, ...]` whole along T, on each device's slice of
@@ -114,8 +110,9 @@ def column_parallel(body: Callable, xs_bt_: Sequence[jax.Array],
       xs = jax.lax.pcast(args[:n], parallel.TENSOR, to="varying")
     return body(*xs, *args[n:])
 
-  x_axes = _shards if mode == "sequence" else lambda x: ("batch",) + (None,) * (x.ndim - 1)
-  in_specs = tuple(_spec(mesh, x_axes(x)) for x in xs_bt_) + tuple(
+  x_axes = (parallel.sequence_shard_axes if mode == "sequence"
+            else parallel.whole_sequence_axes)
+  in_specs = tuple(_spec(mesh, x_axes(x.ndim)) for x in xs_bt_) + tuple(
       _weight_spec(mesh, axes) for _, axes in weights)
   out_specs = tuple(_spec(mesh, axes) for axes in out_axes)
   return jax.shard_map(mapped, in_specs=in_specs, out_specs=out_specs)(*xs_bt_, *arrays)
@@ -144,5 +141,6 @@ def row_parallel(body: Callable, ys: Sequence[tuple[jax.Array, Axes]],
 
   in_specs = (tuple(_spec(mesh, axes) for _, axes in ys)
               + tuple(_weight_spec(mesh, axes) for _, axes in weights))
-  out_axes = ("batch", "length", None) if mode == "sequence" else ("batch", None, None)
+  out_axes = (parallel.sequence_shard_axes() if mode == "sequence"
+              else parallel.whole_sequence_axes())
   return jax.shard_map(mapped, in_specs=in_specs, out_specs=_spec(mesh, out_axes))(*arrays)
