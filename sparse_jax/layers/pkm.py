@@ -21,14 +21,19 @@ activates and reads its own values' scores (a softmax's max and sum reduced over
 `shard_map`, each device gathering the chosen rows it holds
 (`gathered_value_sum_over_tensor`). The sub-keys are split by head (`heads`) where `tensor`
 divides the heads, else whole; their scores are `[B, T, H, n]`, small.
+
+Under sequence parallelism (`layers.sequence_parallel`) the layer reads its input gathered
+along T, and each device's partial sums over its value rows are reduce-scattered onto sequence
+shards instead of all-reduced: in the gathered read's map, or, read as a matrix, by
+`sequence_parallel.row_parallel` (the values are the FF's down projection).
 """
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sparse_jax.layers import initializers
 from sparse_jax import parallel
+from sparse_jax.layers import initializers, sequence_parallel
 from sparse_jax.layers.feed_forward import FeedForward, split_over_tensor
 from sparse_jax.layers.precision import f32_einsum
 
@@ -69,21 +74,28 @@ def weighted_value_sum(weights_nhk: jax.Array, ids_nhk: jax.Array, values_vd: ja
   """
   if not dense:
     return jnp.einsum("nhk,nhkd->nd", weights_nhk, jnp.take(values_vd, ids_nhk, axis=0))
+  return value_weights(weights_nhk, ids_nhk, values_vd.shape[0]) @ values_vd
+
+
+def value_weights(weights_nhk: jax.Array, ids_nhk: jax.Array, n_values: int) -> jax.Array:
+  """`[N, V]`: each token's weights scattered onto the values they select (summed where
+  heads select the same value)."""
   n = weights_nhk.shape[0]
   rows_nhk = jnp.broadcast_to(jnp.arange(n)[:, None, None], ids_nhk.shape)
-  weights_nv = jnp.zeros((n, values_vd.shape[0]), weights_nhk.dtype).at[
-      rows_nhk, ids_nhk].add(weights_nhk)
-  return weights_nv @ values_vd
+  return jnp.zeros((n, n_values), weights_nhk.dtype).at[rows_nhk, ids_nhk].add(weights_nhk)
 
 
 def gathered_value_sum_over_tensor(weights_nhk: jax.Array, ids_nhk: jax.Array,
-                                   values_vd: jax.Array) -> jax.Array:
+                                   values_vd: jax.Array, seq_len: int | None = None
+                                   ) -> jax.Array:
   """`weighted_value_sum(..., dense=False)` with the value rows split over the ambient
   mesh's `tensor` axis (the tokens over the batch axes), in `shard_map`: each device gathers
   the chosen rows it holds (the others' weights zeroed) and one `psum` adds the partial sums,
   an all-reduce of `[N, d]` (XLA's partitioner instead all-reduced the gathered
   `[N, H, knn, d]`). Replicated inputs meet split ones, so shard_map's transposes sum the
-  weights' gradient over `tensor` and the values' over the batch axes."""
+  weights' gradient over `tensor` and the values' over the batch axes. With `seq_len`
+  (sequence parallelism; the tokens are whole sequences of that length) the sums are
+  reduce-scattered along T instead: `[N / seq_len, seq_len, d]` on sequence shards."""
   mesh = jax.sharding.get_abstract_mesh()
   batch_axes = parallel.mesh_axes("batch", mesh)
   tokens = lambda ndim: parallel.partition_spec(("batch",) + (None,) * (ndim - 1), mesh=mesh,
@@ -96,10 +108,15 @@ def gathered_value_sum_over_tensor(weights_nhk: jax.Array, ids_nhk: jax.Array,
     mine_nhk = (local_nhk >= 0) & (local_nhk < n_local)
     picked_nhkd = jnp.take(values_ld, jnp.clip(local_nhk, 0, n_local - 1), axis=0)
     y_nd = jnp.einsum("nhk,nhkd->nd", jnp.where(mine_nhk, weights_nhk, 0), picked_nhkd)
-    return jax.lax.psum(y_nd, parallel.TENSOR)
+    if seq_len is None:
+      return jax.lax.psum(y_nd, parallel.TENSOR)
+    return jax.lax.psum_scatter(y_nd.reshape(-1, seq_len, y_nd.shape[-1]), parallel.TENSOR,
+                                scatter_dimension=1, tiled=True)
 
+  out = tokens(2) if seq_len is None else parallel.partition_spec(
+      parallel.sequence_shard_axes(), mesh=mesh, only=batch_axes + (parallel.TENSOR,))
   return jax.shard_map(body, in_specs=(tokens(3), tokens(3), rows),
-                       out_specs=tokens(2))(weights_nhk, ids_nhk, values_vd)
+                       out_specs=out)(weights_nhk, ids_nhk, values_vd)
 
 
 def dense_scores(scores_a_nhs: jax.Array, scores_b_nhs: jax.Array) -> jax.Array:
@@ -158,6 +175,8 @@ class PKM(FeedForward):
 
   def __call__(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
     dtype = x.dtype
+    if sequence_parallel.active():  # On sequence shards: read whole sequences (docstring).
+      x = parallel.whole_sequences(x)
     x_nd = self.token_rows(x, self.d_model)
     half = self.d_model // 2
     keys = self.sub_keys[...].astype(dtype)
@@ -166,23 +185,40 @@ class PKM(FeedForward):
     values = self.values[...].astype(dtype)
     if self.dense_path:
       weights_nv = self._activate(dense_scores(scores_a, scores_b))
-      y_nd = weights_nv.astype(dtype) @ values
+      y = self._matrix_read(weights_nv.astype(dtype), values, x.shape)
       usage = jnp.sum(weights_nv > 0, axis=0, dtype=jnp.int32)
     else:
       scores_nhk, ids_nhk = product_key_topk(scores_a, scores_b, self.knn)
       n = scores_nhk.shape[0]
       weights_nhk = self._activate(scores_nhk.reshape(n, -1)).reshape(scores_nhk.shape)
-      y_nd = self._read(weights_nhk.astype(dtype), ids_nhk, values)
+      y = self._read(weights_nhk.astype(dtype), ids_nhk, values, x.shape)
       usage = jnp.zeros((self.n_subkeys ** 2,), jnp.int32).at[ids_nhk].add(1)
-    return y_nd.reshape(x.shape), {"reg_loss": jnp.zeros((), jnp.float32),
+    return y.reshape(x.shape), {"reg_loss": jnp.zeros((), jnp.float32),
                                    "value_usage": usage}
 
-  def _read(self, weights_nhk: jax.Array, ids_nhk: jax.Array, values_vd: jax.Array):
-    """The top-knn path's `sum_{h, k} weights * values[ids]` `[N, d]`: densely for small
-    tables, else gathered, each device its own rows when `tensor` splits them."""
-    if not self.dense_read and split_over_tensor(values_vd.shape[0]):
-      return gathered_value_sum_over_tensor(weights_nhk, ids_nhk, values_vd)
-    return weighted_value_sum(weights_nhk, ids_nhk, values_vd, dense=self.dense_read)
+  def _read(self, weights_nhk: jax.Array, ids_nhk: jax.Array, values_vd: jax.Array,
+            shape: tuple[int, ...]) -> jax.Array:
+    """The top-knn path's `sum_{h, k} weights * values[ids]` for the input of `shape`:
+    densely for small tables, else gathered, each device its own rows when `tensor` splits
+    them."""
+    if self.dense_read:
+      return self._matrix_read(value_weights(weights_nhk, ids_nhk, values_vd.shape[0]),
+                               values_vd, shape)
+    if split_over_tensor(values_vd.shape[0]):
+      seq_len = shape[-2] if sequence_parallel.active() else None
+      return gathered_value_sum_over_tensor(weights_nhk, ids_nhk, values_vd, seq_len)
+    return weighted_value_sum(weights_nhk, ids_nhk, values_vd, dense=False)
+
+  @staticmethod
+  def _matrix_read(weights_nv: jax.Array, values_vd: jax.Array,
+                   shape: tuple[int, ...]) -> jax.Array:
+    """`weights @ values` for the input of `shape`; under sequence parallelism, with the
+    value rows split over `tensor`, each device's partial sums reduce-scattered along T."""
+    if sequence_parallel.active() and split_over_tensor(values_vd.shape[0]):
+      return sequence_parallel.row_parallel(
+          jnp.matmul, [(weights_nv.reshape(*shape[:-1], -1), ("batch", None, "mlp"))],
+          [(values_vd, ("mlp", "embed"))])
+    return weights_nv @ values_vd
 
   def _activate(self, scores_nm: jax.Array) -> jax.Array:
     """ReLU, or a softmax over each row (all heads x knn, or all values)."""

@@ -34,10 +34,9 @@ encoder's embedding table, read by no output layer, stays whole where it does no
 roberta-base's 50265 rows); the sparse FF's blocks `d_ff / block_size` (a block's units stay
 on one device, where its choice is made) and the sparse QKV layer's modules
 `attention_sparsity` (S; with the heads, so module and head boundaries meet at each device's
-edge). Sequence parallelism (`model.sequence_parallel`, `layers.sequence_parallel`) so far
-takes every attention kind (the XL one on XLA), the dense and sparse FFs and the MoE kinds,
-the layers that gather and scatter along the sequence themselves; the segment and memory
-lengths must divide (`tasks.lm` checks those).
+edge). Sequence parallelism (`model.sequence_parallel`, `layers.sequence_parallel`) takes
+every model split over `tensor` here, its layers gathering and scattering along the sequence
+themselves; the segment and memory lengths must divide (`tasks.lm` checks those).
 """
 
 from sparse_jax import validation
@@ -49,8 +48,6 @@ SWITCHHEAD_KINDS = ("switchhead", "switchhead_xl")
 # The grouped-matmul impls tested split over `tensor`, for the FF's experts and SwitchHead's:
 # the XLA ones, and the Triton and megablox kernels ("auto" resolves to one of these).
 TENSOR_FF_IMPLS = ("auto", "blocked", "ragged", "gather", "pallas", "megablox")
-SEQUENCE_PARALLEL_FF_KINDS = ("dense", "sparse_ff", "sigma_moe", "switch", "noisy_topk",
-                              "sbase", "softmax_moe")
 
 
 def _supported(condition: bool, field: str, tensor: int, allowed: str, got) -> None:
@@ -73,21 +70,6 @@ def check_tensor_parallel(model: ModelConfig, tensor: int) -> None:
   _divides(model.n_heads, "model.n_heads", tensor)
   if isinstance(model, LMConfig):  # The encoder's attention is always `attend` on XLA.
     _check_lm_attention_and_output(model, tensor)
-    if model.sequence_parallel:
-      _check_sequence_parallel(model, tensor)
-
-
-def _check_sequence_parallel(model: LMConfig, tensor: int) -> None:
-  """The layers that gather and scatter along the sequence themselves
-  (`layers.sequence_parallel`): every attention kind (the XL one on XLA), the dense and
-  sparse FFs and the MoE kinds."""
-  not_yet = (f"with model.sequence_parallel and mesh.tensor={tensor} (the others are not "
-             "split along the sequence yet; docs/scaling_out.md)")
-  validation.require(model.attention != "xl" or model.attention_impl != "pallas",
-                     "model.attention_impl", f"not 'pallas' (the fused XL attention) {not_yet}",
-                     model.attention_impl)
-  validation.require(model.ff.kind in SEQUENCE_PARALLEL_FF_KINDS, "model.ff.kind",
-                     f"one of {SEQUENCE_PARALLEL_FF_KINDS} {not_yet}", model.ff.kind)
 
 
 def _check_ff(ff, tensor: int) -> None:

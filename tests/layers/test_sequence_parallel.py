@@ -1,8 +1,9 @@
-"""Sequence parallelism (`layers.sequence_parallel`): the dense FF, sigma-MoE, the XL
-attention, SwitchHead (RoPE and XL) and Scaling Transformers' sparse QKV and sparse FF on
-sequence shards equal the same layers unsplit (values and gradients, 8 simulated CPU
-devices), their compiled programs all-gather and reduce-scatter activations (never a weight,
-never an all-reduce of activations), and the config check refuses what is not split so.
+"""Sequence parallelism (`layers.sequence_parallel`): the dense, top-k, PKM and sigma-MoE FFs,
+the XL attention (XLA and fused), SwitchHead (RoPE and XL) and Scaling Transformers' sparse
+QKV and sparse FF on sequence shards equal the same layers unsplit (values and gradients, 8
+simulated CPU devices), their compiled programs all-gather and reduce-scatter activations (never a weight,
+never an all-reduce of activations), and the config check refuses lengths `tensor` does not
+divide.
 
 Tolerances: only the order of float32 sums differs (each device's partial sum over its heads
 or hidden units, then the reduce-scatter), rtol 1e-5 on outputs of magnitude ~1."""
@@ -21,9 +22,11 @@ from sparse_jax.aot.collectives import collectives
 from sparse_jax.layers import sequence_parallel
 from sparse_jax.layers.dense_ff import DenseFF
 from sparse_jax.layers.moe import SigmaMoE
+from sparse_jax.layers.pkm import PKM
 from sparse_jax.layers.sparse_ff import SparseFF
 from sparse_jax.layers.sparse_qkv_attention import SparseQKVAttention
 from sparse_jax.layers.switchhead_attention import SwitchHeadAttention, SwitchHeadXLAttention
+from sparse_jax.layers.topk_ff import TopKFF
 from sparse_jax.layers.xl_attention import RelativeMultiHeadAttention
 from sparse_jax.tasks import validate_config
 from sparse_jax.validation import ConfigError
@@ -37,15 +40,36 @@ def _placed(module, mesh):
   return nnx.merge(graphdef, jax.device_put(state, parallel.state_shardings(state, mesh)))
 
 
-def _dense_ff():
-  ff = DenseFF(D, 32, n_layers=2, rngs=nnx.Rngs(0))
+def _ff(ff):
+  """An FF layer on one input."""
 
   def loss(ff, x_btd):
     y_btd, _ = ff(x_btd)
     return jnp.sum(jnp.sin(y_btd)), y_btd
 
-  x_btd = jax.random.normal(jax.random.key(1), (B, T, D))
-  return ff, loss, (x_btd,)
+  return ff, loss, (jax.random.normal(jax.random.key(1), (B, T, D)),)
+
+
+def _dense_ff():
+  return _ff(DenseFF(D, 32, n_layers=2, rngs=nnx.Rngs(0)))
+
+
+def _topk_ff():
+  """Top-K of 32 hidden units, K 3: each device's 4 units or fewer compete across devices."""
+  return _ff(TopKFF(D, 32, 3, n_layers=2, rngs=nnx.Rngs(0)))
+
+
+def _pkm_dense():
+  """PKM read as a matrix: 16 values, knn covering the 4 sub-keys (the authors' dense path),
+  softmax over all the values (a max and a sum over the devices' rows)."""
+  return _ff(PKM(D, 4, 4, n_layers=2, n_heads=2, activation="softmax", rngs=nnx.Rngs(0)))
+
+
+def _pkm_gathered():
+  """PKM's top-knn read gathered from a table of 256 values, each device its own rows."""
+  pkm = PKM(D, 16, 2, n_layers=2, n_heads=2, rngs=nnx.Rngs(0))
+  assert not pkm.dense_read
+  return _ff(pkm)
 
 
 def _sigma_moe():
@@ -80,6 +104,13 @@ def _on_context(attn):
 def _xl_attention():
   return _on_context(RelativeMultiHeadAttention(D, 8, 2, n_layers=2, bias_init_std=0.1,
                                                 impl="xla", rngs=nnx.Rngs(0)))
+
+
+def _fused_xl_attention():
+  """The fused XL attention (Pallas, in interpret mode here) on each device's rows and heads
+  of the gathered context's projections."""
+  return _on_context(RelativeMultiHeadAttention(D, 8, 2, n_layers=2, bias_init_std=0.1,
+                                                impl="pallas", rngs=nnx.Rngs(0)))
 
 
 def _switchhead_xl():
@@ -132,9 +163,11 @@ def _value_and_grads(layer, loss, inputs, mesh=None, sequence=True):
     return nnx.jit(grad_fn)(layer, *inputs)
 
 
-@pytest.mark.parametrize("make", [_dense_ff, _sigma_moe, _xl_attention, _switchhead,
+@pytest.mark.parametrize("make", [_dense_ff, _topk_ff, _pkm_dense, _pkm_gathered, _sigma_moe,
+                                  _xl_attention, _fused_xl_attention, _switchhead,
                                   _switchhead_xl, _sparse_ff_and_qkv],
-                         ids=["dense_ff", "sigma_moe", "xl_attention", "switchhead",
+                         ids=["dense_ff", "topk_ff", "pkm_dense", "pkm_gathered", "sigma_moe",
+                              "xl_attention", "fused_xl_attention", "switchhead",
                               "switchhead_xl", "sparse_ff_and_qkv"])
 @pytest.mark.parametrize("shape, sequence", [
     ((1, 1, 1, 8), True), ((2, 1, 1, 4), True), ((1, 2, 1, 4), True), ((2, 1, 1, 4), False)])
@@ -191,6 +224,25 @@ def test_compiled_moves_activations_by_all_gather_and_reduce_scatter():
                    ("reduce-scatter", (B, T // 4, D), True)]
 
 
+@pytest.mark.parametrize("make", [_topk_ff, _pkm_dense, _pkm_gathered],
+                         ids=["topk_ff", "pkm_dense", "pkm_gathered"])
+def test_top_k_and_pkm_reduce_scatter_their_output(make):
+  """Their steps on `tensor=4`: the sequence gathered once forward and the output's partial
+  sums reduce-scattered, never all-reduced; what else moves is small: top-K's candidates
+  `[B, T, t K]`, PKM's softmax statistics and its scores' gradients `[B T, H, ...]`."""
+  layer, loss, inputs = make()
+  mesh = parallel.make_mesh((1, 1, 1, 4))
+  grad_fn = nnx.value_and_grad(loss, argnums=(0, 1), has_aux=True)
+  with jax.set_mesh(mesh), sequence_parallel.scope(True):
+    layer = _placed(layer, mesh)
+    x = jax.device_put(inputs[0], jax.NamedSharding(mesh, jax.P(None, "tensor")))
+    found = collectives(nnx.jit(grad_fn).lower(layer, x).compile().as_text())
+  forward = sorted((c.kind, c.shape) for c in found if not c.backward
+                   and len(c.shape) == 3 and c.shape[-1] == D)
+  assert forward == [("all-gather", (B, T, D)), ("reduce-scatter", (B, T // 4, D))]
+  assert all(np.prod(c.shape) < B * T * D for c in found if c.kind == "all-reduce")
+
+
 def test_xl_attention_all_reduces_its_context_gradient_once():
   """Without sequence parallelism, on `tensor=4`: forward one all-reduce (the output
   projection's partial sums), backward one of the context's gradient `[B, M + T, d]` (Q's
@@ -229,15 +281,15 @@ def test_the_config_check_passes_the_split_layers(sp_config):
   sp_config.model.update(attention="sparse_qkv", n_heads=4, attention_sparsity=2)
   sp_config.model.ff = {"kind": "sparse_ff", "d_ff": 64, "block_size": 32}
   validate_config(sp_config)
+  sp_config.model.update(attention="xl", mem_len=16, attention_impl="pallas",
+                         attention_sparsity=None)
+  for ff in ({"kind": "pkm", "n_subkeys": 4, "knn": 2, "n_heads": 2},
+             {"kind": "topk", "d_ff": 64, "k": 8}):
+    sp_config.model.ff = ff
+    validate_config(sp_config)
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"model.ff": {"kind": "pkm", "n_subkeys": 4, "knn": 2, "n_heads": 1}},
-     r"'model.ff.kind' must be one of \('dense', 'sparse_ff', 'sigma_moe', .*\) with "
-     r"model.sequence_parallel"),
-    ({"model.attention_impl": "pallas"},
-     r"'model.attention_impl' must be not 'pallas' \(the fused XL attention\) with "
-     r"model.sequence_parallel"),
     ({"data.seq_len": 15}, r"'data.seq_len' must be divisible by mesh.tensor=2 with "
                            r"model.sequence_parallel.*got 15"),
     ({"model.mem_len": 15}, r"'model.mem_len' must be divisible by mesh.tensor=2"),

@@ -325,6 +325,16 @@ def test_the_topk_ff_lm_on_tensor_meshes_equals_one_device(tp_config, tmp_path):
   assert_like_one_device(topk(tp_config), tmp_path, MESHES[:2])
 
 
+@pytest.mark.parametrize("ff", ["pkm_softmax", "pkm_top_knn_gathered", "topk"])
+def test_the_sequence_parallel_pkm_and_topk_lms_on_a_tensor_mesh_equal_one_device(
+    tp_config, tmp_path, ff):
+  """PKM's dense read (softmax over the values split by row) and its gathered read, and the
+  top-k FF (its choice across devices, hidden dropout), reading the gathered sequence and
+  reduce-scattering their output."""
+  config = topk(tp_config) if ff == "topk" else pkm(tp_config, ff.removeprefix("pkm_"))
+  assert_like_one_device(sequence_parallel(config), tmp_path, DENSE_MESHES[1:2])
+
+
 def test_the_switchhead_lm_on_tensor_meshes_equals_one_device(tp_config, tmp_path):
   assert_like_one_device(switchhead(tp_config), tmp_path, MESHES)
 
