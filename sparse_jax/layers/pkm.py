@@ -194,7 +194,7 @@ class PKM(FeedForward):
       y = self._read(weights_nhk.astype(dtype), ids_nhk, values, x.shape)
       usage = jnp.zeros((self.n_subkeys ** 2,), jnp.int32).at[ids_nhk].add(1)
     return y.reshape(x.shape), {"reg_loss": jnp.zeros((), jnp.float32),
-                                   "value_usage": usage}
+                                "value_usage": usage}
 
   def _read(self, weights_nhk: jax.Array, ids_nhk: jax.Array, values_vd: jax.Array,
             shape: tuple[int, ...]) -> jax.Array:
