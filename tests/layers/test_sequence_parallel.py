@@ -205,20 +205,25 @@ def _unsplit(make):
   return _leaves(_value_and_grads(*make()))
 
 
+def _step_collectives(make) -> list:
+  """The collectives of `make`'s FF layer's compiled gradient step on `tensor=4` under
+  sequence parallelism (its input on sequence shards)."""
+  layer, loss, inputs = make()
+  mesh = parallel.make_mesh((1, 1, 1, 4))
+  grad_fn = nnx.value_and_grad(loss, argnums=(0, 1), has_aux=True)
+  with jax.set_mesh(mesh), sequence_parallel.scope(True):
+    layer = _placed(layer, mesh)
+    x = jax.device_put(inputs[0], jax.NamedSharding(mesh, jax.P(None, "tensor")))
+    return collectives(nnx.jit(grad_fn).lower(layer, x).compile().as_text())
+
+
 def test_compiled_moves_activations_by_all_gather_and_reduce_scatter():
   """The dense FF's step on `tensor=4`: forward one all-gather of `x` and one
   reduce-scatter of `y`, backward their transposes; no weight moved (the weights' gradients
   stay on their device: the batch is not split). The one other collective: the all-reduce of
   the output bias's gradient `[d]`, summed over each device's positions (as Megatron's
   sequence-parallel LayerNorm and bias gradients)."""
-  layer, loss, inputs = _dense_ff()
-  mesh = parallel.make_mesh((1, 1, 1, 4))
-  grad_fn = nnx.value_and_grad(loss, argnums=(0, 1), has_aux=True)
-  with jax.set_mesh(mesh), sequence_parallel.scope(True):
-    layer = _placed(layer, mesh)
-    x = jax.device_put(inputs[0], jax.NamedSharding(mesh, jax.P(None, "tensor")))
-    text = nnx.jit(grad_fn).lower(layer, x).compile().as_text()
-  found = sorted((c.kind, c.shape, c.backward) for c in collectives(text) if c.shape)
+  found = sorted((c.kind, c.shape, c.backward) for c in _step_collectives(_dense_ff) if c.shape)
   assert found == [("all-gather", (B, T, D), False), ("all-gather", (B, T, D), True),
                    ("all-reduce", (D,), True), ("reduce-scatter", (B, T // 4, D), False),
                    ("reduce-scatter", (B, T // 4, D), True)]
@@ -230,13 +235,7 @@ def test_top_k_and_pkm_reduce_scatter_their_output(make):
   """Their steps on `tensor=4`: the sequence gathered once forward and the output's partial
   sums reduce-scattered, never all-reduced; what else moves is small: top-K's candidates
   `[B, T, t K]`, PKM's softmax statistics and its scores' gradients `[B T, H, ...]`."""
-  layer, loss, inputs = make()
-  mesh = parallel.make_mesh((1, 1, 1, 4))
-  grad_fn = nnx.value_and_grad(loss, argnums=(0, 1), has_aux=True)
-  with jax.set_mesh(mesh), sequence_parallel.scope(True):
-    layer = _placed(layer, mesh)
-    x = jax.device_put(inputs[0], jax.NamedSharding(mesh, jax.P(None, "tensor")))
-    found = collectives(nnx.jit(grad_fn).lower(layer, x).compile().as_text())
+  found = _step_collectives(make)
   forward = sorted((c.kind, c.shape) for c in found if not c.backward
                    and len(c.shape) == 3 and c.shape[-1] == D)
   assert forward == [("all-gather", (B, T, D)), ("reduce-scatter", (B, T // 4, D))]
