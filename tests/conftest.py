@@ -114,8 +114,8 @@ def pytest_collection_modifyitems(items):
 def _free_compiled_programs():
   """After each test module, drops JAX's in-memory caches of traced and compiled programs and
   hands the freed heap back to the system. Each xdist worker runs ~1000 tests: kept, those
-  caches grew each worker to 8 GiB by the end of the quick step, and CI's worker was killed
-  mid-test (stop 79). Later modules reload what they share from the persistent cache above;
+  caches grew each worker to 8 GiB by the end of the quick step, and a CI worker crashed
+  mid-test (stop 79; memory the likely cause, no signal printed). Later modules reload what they share from the persistent cache above;
   the step takes no longer."""
   yield
   jax.clear_caches()
