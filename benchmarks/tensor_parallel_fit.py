@@ -35,6 +35,7 @@ import argparse
 import contextlib
 import functools
 import json
+import math
 import os
 import re
 import time
@@ -188,29 +189,47 @@ def largest_layers(fits_at, device_gib: float, first: int = 2, second: int = 4
                    ) -> tuple[int | None, int | None]:
   """`(largest n_layers that fits, smallest that does not)`, stepping one layer.
 
-  `fits_at(n)` compiles `n` layers: `(fits, peak GiB or None)`. Memory is affine in the
-  layers (each adds the same weights, optimiser state, cache and stored activations), so the
-  peaks at `first` and `second` layers predict where `device_gib` is reached; compiling there
-  and walking one layer at a time towards the boundary (at most `MAX_PROBES` compiles) finds
-  it. `(None, first)`: not even `first` fits; an upper bound of None: every size tried fits;
-  bounds more than one layer apart: the walk ran out of probes.
+  `fits_at(n)` compiles `n` layers: `(fits, peak GiB or None)`. Memory is nearly affine in
+  the layers (each adds the same weights, optimiser state, cache and stored activations), so
+  the line through the two measured sizes nearest the boundary predicts where `device_gib`
+  is reached (`predicted_largest`); each compile there adds a point nearer the boundary and
+  the next prediction uses it (a secant search), until a size fits and the next one does not
+  (at most `MAX_PROBES` compiles). A size refused without a peak (libtpu gives one when it can)
+  adds no point, so the search then walks one layer below it. `(None, first)`: not even
+  `first` fits; an upper bound of None: every size tried fits; bounds more than one layer
+  apart: the search ran out of probes.
   """
-  (fits_1, peak_1), (fits_2, peak_2) = fits_at(first), fits_at(second)
-  if not fits_1:
+  peaks = {}
+
+  def fits(n_layers: int) -> bool:
+    ok, peak = fits_at(n_layers)
+    if peak is not None:
+      peaks[n_layers] = peak
+    return ok
+
+  if not fits(first):
     return None, first
-  if not fits_2:
-    lo, hi, guess = first, second, second - 1
-  else:
-    per_layer = (peak_2 - peak_1) / (second - first)
-    lo, hi = second, None
-    guess = second + max(1, int((device_gib - peak_2) / per_layer)) if per_layer > 0 else 2 * second
+  lo, hi = (second, None) if fits(second) else (first, second)
   for _ in range(MAX_PROBES):
-    if guess <= lo or (hi is not None and guess >= hi):
+    if hi is not None and hi - lo <= 1:
       break
-    fits, _ = fits_at(guess)
-    lo, hi = (guess, hi) if fits else (lo, guess)
-    guess = guess + 1 if fits else guess - 1
+    guess = max(lo + 1, predicted_largest(peaks, lo, device_gib))
+    guess = guess if hi is None else min(guess, hi - 1)
+    lo, hi = (guess, hi) if fits(guess) else (lo, guess)
   return lo, hi
+
+
+def predicted_largest(peaks: dict[int, float], lo: int, device_gib: float) -> int:
+  """The largest size within `device_gib` on the line through the two sizes in `peaks`
+  nearest `lo` (the largest that fits); `lo + 1` with fewer than two, `2 lo` for a line that
+  does not grow."""
+  if len(peaks) < 2:
+    return lo + 1
+  n_1, n_2 = sorted(sorted(peaks, key=lambda n: abs(n - lo))[:2])
+  per_layer = (peaks[n_2] - peaks[n_1]) / (n_2 - n_1)
+  if per_layer <= 0:
+    return 2 * lo
+  return n_1 + math.floor((device_gib - peaks[n_1]) / per_layer)
 
 
 class LayerProbe:
