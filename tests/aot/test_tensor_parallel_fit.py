@@ -50,8 +50,8 @@ def test_the_largest_size_is_found_next_to_the_prediction(fit, base, per_layer, 
 def test_memory_that_grows_ever_less_per_layer_is_found_by_re_predicting(fit):
   """The sigma-MoE's training step on a v5p: per layer 0.985 GiB between 2 and 4 layers,
   0.94 on average up to 92. Each compile's peak (given when it fits and when it does not)
-  moves the prediction: the boundary found in one compile past the first prediction's
-  neighbourhood, not a walk of one layer per compile from it."""
+  moves the prediction: 5 compiles (2, 4, the first prediction, the next one, the size past
+  the boundary), where walking one layer at a time from the first prediction took 8."""
   asked = []
 
   def peak(n_layers):
