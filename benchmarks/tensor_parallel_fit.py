@@ -195,9 +195,9 @@ def largest_layers(fits_at, device_gib: float, first: int = 2, second: int = 4
   is reached (`predicted_largest`); each compile there adds a point nearer the boundary and
   the next prediction uses it (a secant search), until a size fits and the next one does not
   (at most `MAX_PROBES` compiles). A size libtpu refuses has no peak (XLA's comes only with
-  a compiled program) and adds no point, so the search then walks one layer below it. `(None, first)`: not even
-  `first` fits; an upper bound of None: every size tried fits; bounds more than one layer
-  apart: the search ran out of probes.
+  a compiled program) and adds no point, so the search then walks one layer below it.
+  `(None, first)`: not even `first` fits; an upper bound of None: every size tried fits;
+  bounds more than one layer apart: the search ran out of probes.
   """
   peaks = {}
 

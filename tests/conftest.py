@@ -115,8 +115,8 @@ def _free_compiled_programs():
   """After each test module, drops JAX's in-memory caches of traced and compiled programs and
   hands the freed heap back to the system. Each xdist worker runs ~1000 tests: kept, those
   caches grew each worker to 8 GiB by the end of the quick step, and a CI worker crashed
-  mid-test (stop 79; memory the likely cause, no signal printed). Later modules reload what they share from the persistent cache above;
-  the step takes no longer."""
+  mid-test (stop 79; memory the likely cause, no signal printed). Later modules reload what
+  they share from the persistent cache above; the step takes no longer."""
   yield
   jax.clear_caches()
   gc.collect()
